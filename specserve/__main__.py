@@ -1,0 +1,5 @@
+import sys
+
+from specserve.cli import main
+
+sys.exit(main())

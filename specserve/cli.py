@@ -1,0 +1,53 @@
+"""`specserve` command line. Each subcommand lives beside the code it drives and registers itself here.
+
+A subcommand module exposes `register(subparsers)`; it must import only argparse-level code at module
+import so that `specserve --help` stays fast, and do the heavy imports inside its handler.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from specserve.errors import SpecServeError
+
+# (module, description) in the order `specserve --help` lists them.
+SUBCOMMAND_MODULES = [
+    "specserve.model.cli",      # models fetch / list
+    "specserve.engine.cli",     # generate
+    "specserve.server.cli",     # serve
+    "specserve.benchmark.cli",  # bench
+    "specserve.latency.cli",    # latency fit / predict / plan / explain / plot
+    "specserve.distill.cli",    # distill
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specserve", description=__doc__.splitlines()[0])
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for name in SUBCOMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name == name:  # that subcommand is not built yet
+                continue
+            raise
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except SpecServeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
