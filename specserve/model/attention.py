@@ -1,0 +1,117 @@
+"""Attention over a paged KV cache for a ragged batch.
+
+A step carries any mix of sequences, each contributing `q_len` new tokens (a prefill chunk, one decode
+token, or k+1 verify tokens) on top of `ctx_len - q_len` tokens already cached. The new tokens of all
+sequences are flattened into one [T, ...] batch for the projections and MLP; attention regroups them.
+
+Sequences are split into at most two groups, short queries (decodes, verifies) and long ones (prefill
+chunks), so that a 512-token prefill does not pad every decode to 512 queries. Inside a group, queries
+are padded to the group's longest, keys are gathered from the cache through each sequence's block
+table, and one SDPA call with a causal mask does the rest. Index tensors are built once per step
+(`AttentionMetadata.build`) and reused by every layer: that is the only per-sequence Python work.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+SHORT_QUERY_MAX = 16  # decodes and verifies (k+1 <= 16) share a group; longer queries are prefill chunks
+
+
+@dataclass(slots=True)
+class AttentionGroup:
+    token_index: torch.Tensor   # [n] flat indices (into the step's T tokens) of this group's tokens
+    query_index: torch.Tensor   # [G, Qmax] flat token index of each padded query slot (0 for padding)
+    out_index: torch.Tensor     # [n] position of each of the group's tokens in the [G * Qmax] padded output
+    block_tables: torch.Tensor  # [G, max_blocks] cache blocks of each sequence (0 for padding)
+    mask: torch.Tensor          # [G, 1, Qmax, max_blocks * block_size] True where a query may attend
+    is_whole_batch: bool        # the group holds every token in order with Qmax == 1 (pure decode)
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    positions: torch.Tensor     # [T] position of each new token in its sequence
+    slot_mapping: torch.Tensor  # [T] flat cache slot (block * block_size + offset) each new token writes
+    groups: list[AttentionGroup]
+
+    @classmethod
+    def build(cls, q_lens: list[int], ctx_lens: list[int], block_tables: list[list[int]],
+              block_size: int, device: torch.device | str = "cpu",
+              sliding_window: int | None = None) -> "AttentionMetadata":
+        """q_lens[i] new tokens of sequence i end at position ctx_lens[i] - 1; block_tables[i] holds
+        at least ceil(ctx_lens[i] / block_size) blocks."""
+        positions, slots, starts = [], [], []
+        start = 0
+        for q, c, table in zip(q_lens, ctx_lens, block_tables):
+            if q <= 0 or c < q or len(table) * block_size < c:
+                raise ValueError(f"bad sequence shape q_len={q} ctx_len={c} blocks={len(table)}")
+            pos = range(c - q, c)
+            positions.extend(pos)
+            slots.extend(table[p // block_size] * block_size + p % block_size for p in pos)
+            starts.append(start)
+            start += q
+        short = [i for i, q in enumerate(q_lens) if q <= SHORT_QUERY_MAX]
+        long = [i for i, q in enumerate(q_lens) if q > SHORT_QUERY_MAX]
+        groups = [_build_group(members, q_lens, ctx_lens, block_tables, starts, block_size,
+                               start, device, sliding_window) for members in (short, long) if members]
+        as_tensor = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
+        return cls(as_tensor(positions), as_tensor(slots), groups)
+
+
+def _build_group(members, q_lens, ctx_lens, block_tables, starts, block_size, total_tokens, device,
+                 sliding_window) -> AttentionGroup:
+    qmax = max(q_lens[i] for i in members)
+    nblocks = max((ctx_lens[i] + block_size - 1) // block_size for i in members)
+    token_index, query_index, out_index, q_pos, tables = [], [], [], [], []
+    for g, i in enumerate(members):
+        q, c, s = q_lens[i], ctx_lens[i], starts[i]
+        token_index.extend(range(s, s + q))
+        out_index.extend(range(g * qmax, g * qmax + q))
+        query_index.append(list(range(s, s + q)) + [0] * (qmax - q))
+        # Padding queries get position 0: they attend to key 0 only (no all-masked rows, no NaN).
+        q_pos.append(list(range(c - q, c)) + [0] * (qmax - q))
+        used = (c + block_size - 1) // block_size
+        tables.append(list(block_tables[i][:used]) + [0] * (nblocks - used))
+    t = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
+    q_pos_t = t(q_pos)
+    key_pos = torch.arange(nblocks * block_size, device=device)
+    mask = key_pos[None, None, :] <= q_pos_t[:, :, None]
+    if sliding_window is not None:
+        mask &= key_pos[None, None, :] > q_pos_t[:, :, None] - sliding_window
+    whole = qmax == 1 and len(token_index) == total_tokens
+    return AttentionGroup(t(token_index), t(query_index), t(out_index), t(tables), mask[:, None],
+                          whole)
+
+
+def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                    v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """q: [T, H, D]; k, v: [T, Hkv, D] for the new tokens; k_cache, v_cache: [num_blocks, block_size,
+    Hkv, D], updated in place with the new keys/values. Returns [T, H * D]."""
+    num_tokens, num_heads, head_dim = q.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k)
+    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v)
+    out = q.new_empty(num_tokens, num_heads * head_dim)
+    for group in meta.groups:
+        num_seqs, qmax = group.query_index.shape
+        # [G, max_blocks, block_size, Hkv, D] -> [G, Hkv, Kmax, D]
+        keys = k_cache[group.block_tables].flatten(1, 2).transpose(1, 2)
+        values = v_cache[group.block_tables].flatten(1, 2).transpose(1, 2)
+        queries = q[group.query_index].transpose(1, 2)  # [G, H, Qmax, D]
+        o = F.scaled_dot_product_attention(queries, keys, values, attn_mask=group.mask, scale=scale,
+                                           enable_gqa=num_heads != num_kv_heads)
+        o = o.transpose(1, 2).reshape(num_seqs * qmax, num_heads * head_dim)  # [G * Qmax, H * D]
+        if group.is_whole_batch:
+            return o
+        out.index_copy_(0, group.token_index, o[group.out_index])
+    return out
+
+
+def allocate_kv_cache(num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
+                      head_dim: int, dtype: torch.dtype, device="cpu") -> torch.Tensor:
+    """[num_layers, 2 (k, v), num_blocks, block_size, Hkv, D]. Zero-filled: masked-out keys are still
+    multiplied by zero attention weights, and 0 * NaN from uninitialised memory would poison outputs."""
+    return torch.zeros(num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype,
+                       device=device)

@@ -1,0 +1,92 @@
+"""Llama-family decoder written for serving: one forward over a ragged batch, paged KV cache.
+
+Differences from the Hugging Face reference are layout only: q/k/v and gate/up projections are fused
+into one matmul each (fewer kernel launches per layer); the math is the same.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specserve.model.attention import AttentionMetadata, paged_attention
+from specserve.model.config import ModelConfig
+from specserve.model.rope import apply_rope, rope_table
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32 as the reference does; bf16 variance loses too much precision.
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.scale = self.head_dim ** -0.5
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size,
+                                  bias=config.attention_bias)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: torch.Tensor,
+                meta: AttentionMetadata) -> torch.Tensor:
+        """x: [T, hidden]; kv: [2, num_blocks, block_size, Hkv, D] (this layer's cache)."""
+        h = self.input_layernorm(x)
+        q, k, v = self.qkv_proj(h).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = apply_rope(q.view(-1, self.num_heads, self.head_dim), cos, sin)
+        k = apply_rope(k.view(-1, self.num_kv_heads, self.head_dim), cos, sin)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        x = x + self.o_proj(paged_attention(q, k, v, kv[0], kv[1], meta, self.scale))
+        gate, up = self.gate_up_proj(self.post_attention_layernorm(x)).chunk(2, dim=-1)
+        return x + self.down_proj(F.silu(gate) * up)
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        head_rows = config.draft_vocab_size or config.vocab_size
+        self.lm_head = nn.Linear(config.hidden_size, head_rows, bias=False)
+        if config.tie_word_embeddings:
+            if config.draft_vocab_size:
+                raise ValueError("a reduced-vocabulary head cannot be tied to the full embedding")
+            self.lm_head.weight = self.embed_tokens.weight
+        # Not a buffer: `.to(bfloat16)` must not round the cos/sin table; it follows the input's device.
+        self.rope = rope_table(config, config.max_position_embeddings)
+
+    def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata,
+                kv_cache: torch.Tensor) -> torch.Tensor:
+        """input_ids: [T] new tokens of all sequences, flattened; kv_cache: [layers, 2, num_blocks,
+        block_size, Hkv, D]. Returns the final hidden states [T, hidden] (call `compute_logits` on the
+        rows that need them)."""
+        if self.rope.device != input_ids.device:
+            self.rope = self.rope.to(input_ids.device)
+        cos_sin = self.rope[meta.positions]  # [T, 2, D/2]
+        cos, sin = cos_sin[:, 0, None], cos_sin[:, 1, None]
+        x = self.embed_tokens(input_ids)
+        for layer, kv in zip(self.layers, kv_cache):
+            x = layer(x, cos, sin, kv, meta)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [N, hidden] -> float32 logits [N, vocab] (or [N, draft_vocab_size] for a reduced head)."""
+        return self.lm_head(hidden).float()

@@ -1,0 +1,84 @@
+"""Load a model (HF directory, GGUF file, or alias) into our Llama-family module + tokenizer."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specserve.errors import ModelLoadError
+from specserve.model.config import ModelConfig
+from specserve.model.llama import LlamaModel
+from specserve.model.registry import resolve
+from specserve.model.tokenizer import Tokenizer
+from specserve.model.weights import load_hf_state_dict, read_safetensors
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+          "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    model: LlamaModel
+    tokenizer: Tokenizer
+    config: ModelConfig
+    path: Path
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ModelLoadError(f"unknown dtype {dtype!r} (choose from {', '.join(DTYPES)})")
+    return DTYPES[dtype]
+
+
+def read_config(model_dir: Path) -> ModelConfig:
+    path = model_dir / "config.json"
+    if not path.exists():
+        raise ModelLoadError(f"no config.json in {model_dir}")
+    try:
+        return ModelConfig.from_hf(json.loads(path.read_text()))
+    except json.JSONDecodeError as e:
+        raise ModelLoadError(f"corrupt config.json in {model_dir}: {e}") from None
+
+
+def _generation_eos(model_dir: Path) -> list[int]:
+    path = model_dir / "generation_config.json"
+    eos = json.loads(path.read_text()).get("eos_token_id") if path.exists() else None
+    return [eos] if isinstance(eos, int) else list(eos or [])
+
+
+def build_model(config: ModelConfig, state_dict: dict, dtype: torch.dtype, device) -> LlamaModel:
+    with torch.device("meta"):
+        model = LlamaModel(config)
+    model = model.to_empty(device="cpu")
+    if config.tie_word_embeddings:  # to_empty() unties shared parameters
+        model.lm_head.weight = model.embed_tokens.weight
+    load_hf_state_dict(model, state_dict)
+    return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+
+
+def load_model(name: str, dtype: str | torch.dtype = "float32", device: str = "cpu") -> LoadedModel:
+    path = resolve(name)
+    dtype = parse_dtype(dtype)
+    if path.suffix == ".gguf":
+        from tokenizers import Tokenizer as HFTokenizer
+
+        from specserve.model.gguf_convert import GGUFFile, gguf_config, gguf_state_dict, gguf_tokenizer_files
+        g = GGUFFile(path)
+        config = gguf_config(g)
+        files = gguf_tokenizer_files(g)
+        tcfg = files["tokenizer_config.json"]
+        special = {k: tcfg[k] for k in ("bos_token", "eos_token", "unk_token", "pad_token") if k in tcfg}
+        tokenizer = Tokenizer(HFTokenizer.from_str(json.dumps(files["tokenizer.json"])),
+                              tcfg.get("chat_template"), special, list(config.eos_token_id))
+        model = build_model(config, gguf_state_dict(g, config), dtype, device)
+    else:
+        config = read_config(path)
+        eos = _generation_eos(path) or list(config.eos_token_id)
+        config.eos_token_id = eos
+        tokenizer = Tokenizer.from_dir(path, eos)
+        model = build_model(config, read_safetensors(path), dtype, device)
+    return LoadedModel(model, tokenizer, config, path)

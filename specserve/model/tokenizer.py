@@ -1,0 +1,66 @@
+"""Tokenizer: a `tokenizers.Tokenizer` plus the chat template and special tokens of a model directory."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tokenizers import Tokenizer as HFTokenizer
+
+from specserve.errors import InvalidRequestError, ModelLoadError
+from specserve.model.chat_template import render_chat
+
+
+def _token_str(value) -> str | None:
+    """tokenizer_config.json stores special tokens as strings or as AddedToken dicts."""
+    return value.get("content") if isinstance(value, dict) else value
+
+
+class Tokenizer:
+    def __init__(self, tokenizer: HFTokenizer, chat_template: str | None, special_tokens: dict[str, str],
+                 eos_token_ids: list[int]):
+        self.hf = tokenizer
+        self.chat_template = chat_template
+        self.special_tokens = special_tokens  # bos_token, eos_token, ... as the template sees them
+        self.eos_token_ids = eos_token_ids
+        self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+
+    @classmethod
+    def from_dir(cls, model_dir: Path, eos_token_ids: list[int] | None = None) -> "Tokenizer":
+        path = model_dir / "tokenizer.json"
+        if not path.exists():
+            raise ModelLoadError(f"no tokenizer.json in {model_dir}")
+        try:
+            tok = HFTokenizer.from_file(str(path))
+        except Exception as e:  # the tokenizers library raises a bare Exception on bad JSON
+            raise ModelLoadError(f"corrupt tokenizer file {path}: {e}") from None
+        cfg_path = model_dir / "tokenizer_config.json"
+        cfg = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
+        template = cfg.get("chat_template")
+        if isinstance(template, list):  # named templates: take the default one
+            template = next((t["template"] for t in template if t.get("name") == "default"), None)
+        jinja_file = model_dir / "chat_template.jinja"
+        if template is None and jinja_file.exists():
+            template = jinja_file.read_text()
+        special = {k: _token_str(cfg[k]) for k in ("bos_token", "eos_token", "unk_token", "pad_token")
+                   if cfg.get(k) is not None}
+        eos = list(eos_token_ids or [])
+        if not eos and special.get("eos_token") is not None:
+            eos_id = tok.token_to_id(special["eos_token"])
+            eos = [eos_id] if eos_id is not None else []
+        return cls(tok, template, special, eos)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.hf.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        if not self.chat_template:
+            raise InvalidRequestError("this model has no chat template; use the completions API")
+        return render_chat(self.chat_template, messages, add_generation_prompt, self.special_tokens)
+
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        # The template already writes BOS/special tokens as text; don't add them twice.
+        return self.encode(self.apply_chat_template(messages, add_generation_prompt),
+                           add_special_tokens=False)

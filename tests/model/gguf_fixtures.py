@@ -1,0 +1,90 @@
+"""Write small GGUF files the way llama.cpp's converter does (permuted Q/K, quantized matrices)."""
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType, GGUFWriter, quants
+
+
+def _bytes_to_unicode():
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return [chr(c) for _, c in sorted(zip(bs, cs))]
+
+
+TOKENS = _bytes_to_unicode() + ["Ġt", "he", "<s>", "</s>"]
+MERGES = ["Ġ t", "h e"]
+TYPES = [1] * 258 + [3, 3]
+VOCAB = len(TOKENS)  # 260
+
+
+def _permute(w, n_heads):
+    return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_gguf(path, hf_state_dict, cfg, qtype="Q8_0", arch="llama"):
+    """cfg: dict with hidden, ffn, layers, heads, kv_heads. Returns the dequantized HF state dict that a
+    correct loader must reproduce."""
+    qt = GGMLQuantizationType[qtype]
+    w = GGUFWriter(str(path), arch)
+    w.add_block_count(cfg["layers"])
+    w.add_context_length(256)
+    w.add_embedding_length(cfg["hidden"])
+    w.add_feed_forward_length(cfg["ffn"])
+    w.add_head_count(cfg["heads"])
+    w.add_head_count_kv(cfg["kv_heads"])
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(TOKENS)
+    w.add_token_merges(MERGES)
+    w.add_token_types(TYPES)
+    w.add_bos_token_id(258)
+    w.add_eos_token_id(259)
+    w.add_chat_template("{% for m in messages %}<s>{{ m['content'] }}</s>{% endfor %}")
+    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+             "lm_head.weight": "output.weight"}
+    block = {"input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+             "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
+             "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
+             "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
+             "mlp.down_proj.weight": "ffn_down.weight"}
+    expected = {}
+    for name, t in hf_state_dict.items():
+        a = t.float().numpy()
+        if name.startswith("model.layers."):
+            _, _, i, rest = name.split(".", 3)
+            gname = f"blk.{i}.{block[rest]}"
+        else:
+            gname = names[name]
+        if a.ndim == 1:
+            w.add_tensor(gname, a)
+            expected[name] = torch.from_numpy(a.copy())
+            continue
+        stored = a
+        if "q_proj" in name:
+            stored = _permute(a, cfg["heads"])
+        elif "k_proj" in name:
+            stored = _permute(a, cfg["kv_heads"])
+        q = quants.quantize(stored, qt)
+        w.add_tensor(gname, q, raw_dtype=qt)
+        deq = quants.dequantize(q, qt).reshape(a.shape)
+        if "q_proj" in name:  # what the loader must give back: the un-permuted dequantized matrix
+            deq = _permute_back(deq, cfg["heads"])
+        elif "k_proj" in name:
+            deq = _permute_back(deq, cfg["kv_heads"])
+        expected[name] = torch.from_numpy(np.ascontiguousarray(deq, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return expected
+
+
+def _permute_back(w, n_heads):
+    return w.reshape(n_heads, w.shape[0] // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
