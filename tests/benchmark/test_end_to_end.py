@@ -1,0 +1,158 @@
+"""Runs against the scripted fake server: the measured times must match the script."""
+import json
+import socket
+
+import pytest
+
+from fake_server import FakeServer, Script
+from specserve.benchmark.results import read_request_rows, read_runs, validate_run
+from specserve.cli import build_parser, main
+
+TTFT, ITL = 0.06, 0.015
+# Scheduling slack on a loaded 2-core machine: the fake's asyncio.sleep and our clock both run late,
+# never early, so measurements are bounded below by the script and above by script + slack.
+SLACK = 0.03
+
+
+@pytest.fixture(scope="module")
+def server(tokenizer):
+    script = Script(ttft_s=TTFT, itl_s=ITL, count_tokens=lambda t: len(tokenizer.encode(t)))
+    with FakeServer(script) as srv:
+        yield srv
+
+
+def bench(*args) -> int:
+    return main(["bench", *args, "--no-progress"])
+
+
+def test_argparse_forms():
+    p = build_parser()
+    a = p.parse_args(["bench", "--base-url", "http://127.0.0.1:1", "--request-rate", "2"])
+    assert a.func.__name__ == "_run" and a.request_rate == 2.0 and a.bench_command is None
+    a = p.parse_args(["bench", "sweep", "--rates", "1,2.5", "--config", "a=http://127.0.0.1:1,k=3"])
+    assert a.func.__name__ == "_sweep" and a.rates == [1.0, 2.5] and a.config == ["a=http://127.0.0.1:1,k=3"]
+    a = p.parse_args(["bench", "report", "r.jsonl", "--out", "d"])
+    assert a.func.__name__ == "_report" and a.results == "r.jsonl"
+    with pytest.raises(SystemExit):
+        p.parse_args(["bench", "sweep", "--rates", "1", "--fractions", "0.5"])
+
+
+def test_poisson_run_measures_the_scripted_timing(server, tokenizer_path, tmp_path):
+    results = tmp_path / "r.jsonl"
+    rc = bench("--base-url", server.url, "--request-rate", "8", "--max-requests", "12", "--input-len", "40",
+               "--output-len", "6", "--tokenizer", str(tokenizer_path), "--results", str(results),
+               "--slo", "ttft:1000 tpot:1000", "--label", "k3", "--k", "3")
+    assert rc == 0
+    [run] = read_runs(results)
+    assert validate_run(run) == []
+    assert (run["label"], run["k"], run["num_completed"], run["num_failed"]) == ("k3", 3, 12, 0)
+    assert TTFT <= run["ttft_s"]["median"] <= TTFT + SLACK
+    assert ITL <= run["itl_s"]["median"] <= ITL + SLACK
+    assert TTFT + 5 * ITL <= run["e2e_s"]["median"] <= TTFT + 5 * ITL + 2 * SLACK
+    assert ITL <= run["tpot_s"]["median"] <= ITL + SLACK
+    # Exact prompt lengths: the fake counts with the same tokenizer and reports usage.prompt_tokens.
+    assert run["mean_prompt_tokens"] == 40 and run["prompt_tokens_source"] == "server"
+    assert run["mean_output_tokens"] == 6 and run["prompts"]["exact_length"]
+    assert run["slo_attainment"] == 1.0
+    # The fake counts one preemption per request; warm-up requests come before the first scrape.
+    assert run["preemptions"] == 12
+    rows = read_request_rows(results)[run["run_id"]]
+    assert len(rows) == 12 and all(len(r["itl_s"]) == 5 and r["error"] is None for r in rows)
+    assert all(r["prompt_tokens"] == 40 for r in rows)
+    sent = [b for b in server.script.seen if b.get("max_tokens") == 6]
+    assert sent and all(b["ignore_eos"] and b["stream_options"] == {"include_usage": True} for b in sent)
+
+
+def test_chat_endpoint_and_multi_token_chunks(tmp_path):
+    # Three tokens per chunk, as a speculative server commits them: ITL counts chunks, TPOT tokens.
+    with FakeServer(Script(ttft_s=TTFT, itl_s=ITL, tokens_per_chunk=3)) as srv:
+        results = tmp_path / "r.jsonl"
+        rc = bench("--base-url", srv.url + "/v1", "--endpoint", "chat", "--max-concurrency", "2",
+                   "--max-requests", "6", "--input-len", "30", "--output-len", "9", "--results", str(results))
+    assert rc == 0
+    [run] = read_runs(results)
+    assert run["endpoint"] == "chat" and run["num_completed"] == 6
+    assert run["tokens_per_chunk"] == 3.0
+    assert ITL <= run["itl_s"]["median"] <= ITL + SLACK
+    # Two chunk gaps spread over the 8 tokens after the first.
+    assert 2 * ITL / 8 <= run["tpot_s"]["median"] <= (2 * ITL + SLACK) / 8
+    assert run["spec"]["mean_acceptance_length"] == pytest.approx(3.0)
+    assert run["spec"]["source"] == "responses"
+    # No tokenizer: prompt lengths were estimated with a ratio calibrated from the server's usage.
+    assert run["prompts"]["counting"] == "server-calibrated estimate"
+
+
+def test_closed_loop_littles_law(server, tmp_path):
+    results = tmp_path / "r.jsonl"
+    assert bench("--base-url", server.url, "--max-concurrency", "3", "--max-requests", "15",
+                 "--output-len", "4", "--results", str(results)) == 0
+    [run] = read_runs(results)
+    assert run["arrival"]["process"] == "closed" and run["offered_rate"] is None
+    assert run["mean_in_flight"] == pytest.approx(3.0, rel=0.1)
+    assert run["littles_law_in_flight"] == pytest.approx(run["mean_in_flight"], rel=0.15)
+    # Each request takes about TTFT + 3·ITL; three at a time.
+    assert run["achieved_rate"] == pytest.approx(3 / (TTFT + 3 * ITL), rel=0.3)
+
+
+def test_failed_requests_are_recorded_not_fatal(tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in
+                                 ["hello there", "please REJECT this", "another one", "and more"]))
+    with FakeServer(Script(ttft_s=0.01, itl_s=0.005, reject_marker="REJECT")) as srv:
+        results = tmp_path / "r.jsonl"
+        rc = bench("--base-url", srv.url, "--dataset", str(prompts), "--request-rate", "50",
+                   "--max-requests", "8", "--output-len", "3", "--warmup-requests", "0",
+                   "--results", str(results), "--seed", "3")
+    assert rc == 0
+    [run] = read_runs(results)
+    assert run["num_requests"] == 8 and run["num_failed"] == 2 and run["num_completed"] == 6
+    assert run["errors"] == {"HTTP 400: rejected by script": 2}
+
+
+def test_unreachable_server(tmp_path):
+    with socket.socket() as s:          # a loopback port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    results = tmp_path / "r.jsonl"
+    rc = bench("--base-url", url, "--model", "m", "--request-rate", "100", "--max-requests", "3",
+               "--output-len", "2", "--input-len", "5", "--results", str(results))
+    assert rc == 1
+    [run] = read_runs(results)
+    assert run["num_failed"] == 3 and all(e.startswith("ConnectError") for e in run["errors"])
+    assert main(["bench", "--base-url", url, "--no-progress"]) == 2    # no --model and no /v1/models
+
+
+def test_sweep_two_configs_then_report(server, tmp_path):
+    configs = tmp_path / "configs.json"
+    configs.write_text(json.dumps([{"label": "k0", "base_url": server.url, "k": 0},
+                                   {"label": "k4", "base_url": server.url, "k": 4,
+                                    "server_config": {"method": "draft"}}]))
+    results = tmp_path / "sweep.jsonl"
+    rc = main(["bench", "sweep", "--configs", str(configs), "--rates", "10,20", "--duration", "0.8",
+               "--output-len", "3", "--input-len", "20", "--results", str(results), "--no-progress",
+               "--slo", "ttft:70 e2e:1000", "--warmup-requests", "1"])
+    assert rc == 0
+    runs = read_runs(results)
+    assert [(r["label"], r["offered_rate"]) for r in runs] == [("k0", 10), ("k0", 20), ("k4", 10), ("k4", 20)]
+    assert runs[3]["server_config"] == {"method": "draft"} and runs[3]["k"] == 4
+    assert all(validate_run(r) == [] and r["sweep"]["rate"] == r["offered_rate"] for r in runs)
+    out = tmp_path / "report"
+    assert main(["bench", "report", str(results), "--out", str(out)]) == 0
+    pngs = {p.name for p in out.glob("*.png")}
+    assert {"latency_vs_rate.png", "slo_attainment_vs_rate.png", "ttft_cdf.png", "tpot_cdf.png",
+            "in_flight_over_time.png"} <= pngs
+    page = (out / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == len(pngs) and "k4" in page
+    assert all((out / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
+
+
+def test_sweep_fractions_of_measured_saturation(server, tmp_path):
+    results = tmp_path / "f.jsonl"
+    rc = main(["bench", "sweep", "--base-url", server.url, "--fractions", "0.25", "--duration", "0.6",
+               "--saturation-requests", "12", "--output-len", "3", "--input-len", "10",
+               "--results", str(results), "--no-progress", "--warmup-requests", "0"])
+    assert rc == 0
+    [run] = read_runs(results)
+    sat = run["sweep"]["saturation_rate"]
+    assert sat > 0 and run["offered_rate"] == pytest.approx(0.25 * sat)
