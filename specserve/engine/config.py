@@ -1,0 +1,34 @@
+"""Engine configuration (the knobs `specserve generate` and `specserve serve` expose)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specserve.errors import SpecServeError
+from specserve.spec.config import SpeculativeConfig
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    model: str = "smollm2-135m"
+    dtype: str = "bfloat16"
+    device: str = "cpu"
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    max_model_len: int | None = None  # default: the model's context, capped at 4096
+    block_size: int = 16
+    kv_cache_memory: float = 1.0  # GiB when >= 1, else a fraction of free memory
+    num_threads: int | None = None  # torch intra-op threads; None keeps torch's default
+    seed: int = 0
+    speculative_config: SpeculativeConfig | dict | str | None = None
+
+    def __post_init__(self):
+        self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+            if getattr(self, name) < 1:
+                raise SpecServeError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.kv_cache_memory <= 0:
+            raise SpecServeError(f"kv_cache_memory must be positive, got {self.kv_cache_memory}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise SpecServeError(f"max_model_len must be at least 2, got {self.max_model_len}")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise SpecServeError(f"num_threads must be positive, got {self.num_threads}")

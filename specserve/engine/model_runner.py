@@ -1,0 +1,60 @@
+"""Runs one batched forward of a model over its paged KV cache. Used for the target and the draft."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from specserve.model.attention import AttentionMetadata, allocate_kv_cache
+from specserve.model.llama import LlamaModel
+
+
+@dataclass(slots=True)
+class ForwardItem:
+    token_ids: list[int]    # new tokens of this sequence, ending at position ctx_len - 1
+    ctx_len: int            # sequence length including the new tokens
+    block_table: list[int]
+    num_logits: int         # logits wanted for the last `num_logits` new tokens (0..len(token_ids))
+
+
+def kv_bytes_per_block(model: LlamaModel, block_size: int, dtype: torch.dtype) -> int:
+    c = model.config
+    return c.num_hidden_layers * 2 * block_size * c.num_key_value_heads * c.head_dim * dtype.itemsize
+
+
+def available_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int):
+        self.model = model
+        self.config = model.config
+        self.block_size = block_size
+        weight = model.embed_tokens.weight
+        self.device, self.dtype = weight.device, weight.dtype
+        c = self.config
+        self.kv_cache = allocate_kv_cache(c.num_hidden_layers, num_blocks, block_size,
+                                          c.num_key_value_heads, c.head_dim, self.dtype, self.device)
+
+    @torch.inference_mode()
+    def forward(self, items: list[ForwardItem]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (logits [R, vocab] float32, hidden [R, hidden]) for the requested rows, in item order."""
+        meta = AttentionMetadata.build([len(it.token_ids) for it in items], [it.ctx_len for it in items],
+                                       [it.block_table for it in items], self.block_size, self.device,
+                                       self.config.sliding_window)
+        ids = torch.tensor([t for it in items for t in it.token_ids], dtype=torch.long, device=self.device)
+        hidden = self.model(ids, meta, self.kv_cache)
+        rows, end = [], 0
+        for it in items:
+            end += len(it.token_ids)
+            rows.extend(range(end - it.num_logits, end))
+        if len(rows) == hidden.shape[0]:
+            selected = hidden
+        else:
+            selected = hidden[torch.tensor(rows, dtype=torch.long, device=self.device)]
+        return self.model.compute_logits(selected), selected

@@ -1,0 +1,129 @@
+"""One request's state as it moves through the engine."""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import torch
+from tokenizers.decoders import DecodeStream
+
+from specserve.engine.sampling_params import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(slots=True)
+class SpecStats:
+    """Speculation counters of one request (vLLM's meaning: a 'draft' is one proposal of >= 1 tokens)."""
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens committed per verification, counting the bonus/recovered token (1 = nothing accepted)."""
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
+
+    def record(self, num_draft: int, num_accepted: int) -> None:
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft
+        self.num_accepted_tokens += num_accepted
+        if len(self.accepted_per_position) < num_draft:
+            self.accepted_per_position.extend([0] * (num_draft - len(self.accepted_per_position)))
+        for i in range(num_accepted):
+            self.accepted_per_position[i] += 1
+
+    def as_dict(self) -> dict:
+        return {"num_drafts": self.num_drafts, "num_draft_tokens": self.num_draft_tokens,
+                "num_accepted_tokens": self.num_accepted_tokens,
+                "accepted_per_position": list(self.accepted_per_position),
+                "mean_acceptance_length": round(self.mean_acceptance_length, 4)}
+
+
+class Sequence:
+    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                 eos_token_ids: list[int], prompt: str | None = None, arrival_time: float | None = None):
+        self.request_id = request_id
+        self.prompt = prompt
+        self.token_ids = list(prompt_token_ids)  # prompt followed by output
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.params = params
+        self.status = Status.WAITING
+        self.block_table: list[int] = []
+        self.num_computed = 0        # tokens whose target KV is in the cache
+        self.num_draft_computed = 0  # tokens whose draft-model KV is in the cache
+        self.generator = None if params.greedy else torch.Generator()
+        if self.generator is not None:
+            self.generator.manual_seed(params.seed if params.seed is not None
+                                       else int(torch.randint(2**62, ())))
+        stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))
+        self._stop_ids = stops
+        self._decoder = DecodeStream(skip_special_tokens=params.skip_special_tokens)
+        self._holdback = max((len(s) for s in params.stop), default=1) - 1
+        self.text = ""
+        self.num_text_sent = 0  # characters of `text` already handed to the caller
+        self.logprobs: list[float] = []
+        self.finish_reason: str | None = None  # "stop" | "length" | "abort"
+        self.stop_reason: str | int | None = None
+        self.spec = SpecStats()
+        self.arrival_time = arrival_time if arrival_time is not None else time.monotonic()
+        self.first_scheduled_time: float | None = None
+        self.first_token_time: float | None = None
+        self.finished_time: float | None = None
+        self.admit_order = -1  # set by the scheduler; preemption picks the most recent
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == Status.FINISHED
+
+    @property
+    def in_prefill(self) -> bool:
+        """More than one token lacks KV: a (re)prefill, not a decode step."""
+        return len(self.token_ids) - self.num_computed > 1
+
+    def append_token(self, token_id: int, tokenizer, logprob: float | None = None) -> bool:
+        """Commit one generated token; returns True when the request is now finished."""
+        self.token_ids.append(token_id)
+        if logprob is not None:
+            self.logprobs.append(logprob)
+        n = self.num_output_tokens
+        if token_id in self._stop_ids and n > self.params.min_tokens:
+            return self._finish("stop", token_id)
+        piece = self._decoder.step(tokenizer.hf, token_id)
+        if piece:
+            start = max(0, len(self.text) - self._holdback)
+            self.text += piece
+            if n > self.params.min_tokens:
+                for s in self.params.stop:
+                    i = self.text.find(s, start)
+                    if i >= 0:
+                        self.text = self.text[:i]
+                        return self._finish("stop", s)
+        if n >= self.params.max_tokens:
+            return self._finish("length", None)
+        return False
+
+    def _finish(self, reason: str, stop_reason) -> bool:
+        self.finish_reason, self.stop_reason = reason, stop_reason
+        return True
+
+    def take_new_text(self) -> str:
+        """Text not yet handed out, holding back a possible stop-string prefix until the end."""
+        end = len(self.text) if self.finish_reason else max(self.num_text_sent, len(self.text) - self._holdback)
+        new = self.text[self.num_text_sent:end]
+        self.num_text_sent = end
+        return new

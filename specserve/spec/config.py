@@ -1,0 +1,59 @@
+"""`--speculative-config` in vLLM's format.
+
+    {"model": "DIR_OR_ALIAS", "num_speculative_tokens": 4}                 draft model
+    {"method": "ngram", "num_speculative_tokens": 4,
+     "prompt_lookup_max": 4, "prompt_lookup_min": 2}                       prompt lookup, no draft model
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+
+from specserve.errors import SpecServeError
+
+METHODS = ("draft_model", "ngram")
+MAX_SPECULATIVE_TOKENS = 16  # verify queries stay in the "short" attention group (attention.SHORT_QUERY_MAX)
+
+
+@dataclass(slots=True)
+class SpeculativeConfig:
+    method: str = "draft_model"
+    model: str | None = None
+    num_speculative_tokens: int = 4
+    prompt_lookup_max: int = 4
+    prompt_lookup_min: int = 2
+    draft_dtype: str | None = None  # default: the target's dtype
+
+    def __post_init__(self):
+        if self.method == "draft":
+            self.method = "draft_model"
+        if self.method not in METHODS:
+            raise SpecServeError(f"speculative method {self.method!r} is not supported (choose from {', '.join(METHODS)})")
+        if not 1 <= self.num_speculative_tokens < MAX_SPECULATIVE_TOKENS:
+            raise SpecServeError(f"num_speculative_tokens must be in [1, {MAX_SPECULATIVE_TOKENS - 1}], "
+                                 f"got {self.num_speculative_tokens}")
+        if self.method == "draft_model" and not self.model:
+            raise SpecServeError('speculative config needs "model" (a draft directory or alias) '
+                                 'or "method": "ngram"')
+        if self.method == "ngram" and not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise SpecServeError("need 1 <= prompt_lookup_min <= prompt_lookup_max")
+
+    @classmethod
+    def parse(cls, value: "str | dict | SpeculativeConfig | None") -> "SpeculativeConfig | None":
+        if value is None or isinstance(value, SpeculativeConfig):
+            return value
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as e:
+                raise SpecServeError(f"--speculative-config is not valid JSON: {e}") from None
+        if not isinstance(value, dict):
+            raise SpecServeError("--speculative-config must be a JSON object")
+        value = dict(value)
+        if "model" in value and "method" not in value:
+            value["method"] = "draft_model"
+        known = {f.name for f in fields(cls)}
+        unknown = set(value) - known
+        if unknown:
+            raise SpecServeError(f"unknown speculative config keys: {', '.join(sorted(unknown))}")
+        return cls(**value)
