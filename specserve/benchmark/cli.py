@@ -68,7 +68,8 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=0)
     g = p.add_argument_group("prompts")
     g.add_argument("--dataset", default="spec-bench",
-                   help="spec-bench, mt-bench, sharegpt, sharegpt-500, random, or a .jsonl/.json file")
+                   help="spec-bench, mt-bench, sharegpt, sharegpt-500, python-stdlib (code), random, "
+                        "or a .jsonl/.json file")
     g.add_argument("--input-len", type=int, help="prompt tokens per request (overrides trace lengths)")
     g.add_argument("--output-len", type=int, help="output tokens per request (default: trace, else 128)")
     g.add_argument("--tokenizer", help="tokenizer.json or model folder, for prompts of exact token length")
@@ -132,6 +133,8 @@ def _common(args):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise SpecServeError(f"--{name.replace('_', '-')} must be at least 1")
+    if args.k is not None and args.k < 0:
+        raise SpecServeError("--k must be 0 (no speculative decoding) or more")
     if args.duration is not None and args.duration <= 0:
         raise SpecServeError("--duration must be positive")
     try:

@@ -5,6 +5,7 @@ result and never raised: one bad request must not end a benchmark run.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import dataclass, field
@@ -87,7 +88,7 @@ def _chunk_text(choice: dict, chat: bool) -> str:
 class StreamingClient:
     def __init__(self, http: httpx.AsyncClient, base_url: str, model: str, endpoint: str = "completions",
                  api_key: str | None = None, ignore_eos: bool = True, temperature: float = 0.0,
-                 extra_body: dict | None = None) -> None:
+                 extra_body: dict | None = None, timeout_s: float = 600.0) -> None:
         if endpoint not in ENDPOINTS:
             raise ValueError(f"endpoint must be one of {list(ENDPOINTS)}")
         self.http = http
@@ -98,6 +99,7 @@ class StreamingClient:
         self.ignore_eos = ignore_eos
         self.temperature = temperature
         self.extra_body = extra_body or {}
+        self.timeout_s = timeout_s
 
     def body(self, prompt: str, max_tokens: int) -> dict:
         body = {"model": self.model, "max_tokens": max_tokens, "temperature": self.temperature,
@@ -117,12 +119,11 @@ class StreamingClient:
         body = self.body(prompt, result.max_tokens)
         result.sent_s = clock()
         try:
-            async with self.http.stream("POST", self.url, json=body, headers=self.headers) as resp:
-                if resp.status_code != 200:
-                    text = (await resp.aread()).decode("utf-8", "replace")
-                    result.error = f"HTTP {resp.status_code}: {_error_message(text)}"
-                else:
-                    await self._read_stream(resp, result, clock)
+            # httpx's timeout bounds each read; this bounds the whole request, so a stalled server
+            # cannot hold a run open forever.
+            await asyncio.wait_for(self._post(body, result, clock), self.timeout_s)
+        except asyncio.TimeoutError:
+            result.error = f"timed out after {self.timeout_s:g}s"
         except httpx.HTTPError as e:
             result.error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
         except Exception as e:  # a malformed stream is the server's failure, not the run's
@@ -136,6 +137,14 @@ class StreamingClient:
                 result.output_tokens = len(result.chunk_times)
                 result.output_tokens_source = "chunks"
         return result
+
+    async def _post(self, body: dict, result: RequestResult, clock) -> None:
+        async with self.http.stream("POST", self.url, json=body, headers=self.headers) as resp:
+            if resp.status_code != 200:
+                text = (await resp.aread()).decode("utf-8", "replace")
+                result.error = f"HTTP {resp.status_code}: {_error_message(text)}"
+            else:
+                await self._read_stream(resp, result, clock)
 
     async def _read_stream(self, resp: httpx.Response, result: RequestResult, clock) -> None:
         async for line in resp.aiter_lines():

@@ -7,6 +7,7 @@ characters-per-token rule and the results say the lengths are approximate.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -23,6 +24,11 @@ DATASETS = {
     "sharegpt-500": "sharegpt/ShareGPT_V3_filtered_500.json",
 }
 RANDOM = "random"
+# Code completion prompts: prefixes of the CPython standard library's own modules, a real offline corpus
+# on every machine (SPEC §4). It follows the running Python's version, so record that with results.
+STDLIB = "python-stdlib"
+_STDLIB_FILES = 400          # modules sampled (every n-th of the sorted list): enough variety, quick to load
+_STDLIB_PREFIX_CHARS = 3000  # a prompt is the start of a module, cut at a line end
 # English prose under the BPE vocabularies of current LLMs runs at about 4 characters per token. Used
 # only when neither a tokenizer nor the server's usage numbers can tell us better.
 DEFAULT_CHARS_PER_TOKEN = 4.0
@@ -81,14 +87,42 @@ def _texts_from_rows(rows: list) -> list[str]:
     return [t for t in out if isinstance(t, str) and t.strip()]
 
 
+def _stdlib_prefixes() -> list[str]:
+    import sysconfig
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    skip = {"test", "tests", "site-packages", "dist-packages", "idlelib", "lib2to3", "__pycache__"}
+    files = []
+    for folder, dirs, names in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in skip]   # prune: site-packages can be huge
+        files += [Path(folder) / n for n in names if n.endswith(".py")]
+    files.sort()
+    step = max(1, len(files) // _STDLIB_FILES)
+    texts = []
+    for p in files[::step]:
+        try:
+            head = p.read_text(encoding="utf-8")[:_STDLIB_PREFIX_CHARS]
+        except (OSError, UnicodeDecodeError):
+            continue
+        head = head[: head.rfind("\n") + 1] if "\n" in head else head
+        if len(head) > 200:   # skip near-empty modules (__init__ stubs)
+            texts.append(head)
+    return texts
+
+
 def load_dataset(name: str) -> list[str]:
-    """Prompt texts of a shipped data set (by name) or of a .jsonl/.json file in one of those formats."""
+    """Prompt texts of a shipped data set (by name), the Python stdlib, or a .jsonl/.json file."""
+    if name == STDLIB:
+        texts = _stdlib_prefixes()
+        if not texts:
+            raise SpecServeError("no Python standard library sources found for the python-stdlib data set")
+        return texts
     if name in DATASETS:
         path = DATA_DIR / DATASETS[name]
     else:
         path = Path(name).expanduser()
         if not path.is_file():
-            raise SpecServeError(f"dataset {name!r}: not one of {', '.join([*DATASETS, RANDOM])} "
+            raise SpecServeError(f"dataset {name!r}: not one of {', '.join([*DATASETS, STDLIB, RANDOM])} "
                                  "and not a file")
     text = path.read_text(encoding="utf-8")
     try:

@@ -49,7 +49,7 @@ class SweepPlan:
 def parse_config_arg(text: str, defaults: Target) -> Config:
     """`label=URL[,k=4][,model=M][,endpoint=chat]` -> a configuration."""
     label, sep, rest = text.partition("=")
-    if not sep or not rest:
+    if not sep or not rest or not label.strip():
         raise SpecServeError(f"--config {text!r}: expected label=URL[,k=N][,model=M]")
     url, *pairs = rest.split(",")
     target = replace(defaults, label=label.strip(), base_url=url.strip(), server_config={})
@@ -76,7 +76,7 @@ def load_config_file(path: str, defaults: Target) -> list[Config]:
         raise SpecServeError(f"--configs {path}: expected a non-empty JSON list of configurations")
     configs = []
     for n, item in enumerate(items):
-        if "label" not in item or "base_url" not in item:
+        if not isinstance(item, dict) or not item.get("label") or not item.get("base_url"):
             raise SpecServeError(f"--configs {path}: entry {n} needs 'label' and 'base_url'")
         target = replace(defaults, label=str(item["label"]), base_url=item["base_url"],
                          model=item.get("model", defaults.model), k=item.get("k"),
@@ -96,10 +96,13 @@ class LaunchedServer:
         self.proc: subprocess.Popen | None = None
 
     async def __aenter__(self):
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(shlex.split(self.config.launch), stdout=log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-        log.close()
+        # Its own session, so that stopping it reaches the workers it forks as well.
+        with open(self.log_path, "ab") as log:
+            try:
+                self.proc = subprocess.Popen(shlex.split(self.config.launch), stdout=log,
+                                             stderr=subprocess.STDOUT, start_new_session=True)
+            except (OSError, ValueError) as e:
+                raise SpecServeError(f"cannot launch {self.config.launch!r}: {e}") from None
         url = api_root(self.config.target.base_url) + "/models"
         deadline = time.monotonic() + self.config.ready_timeout_s
         async with httpx.AsyncClient(timeout=5.0, trust_env=False) as http:

@@ -8,12 +8,13 @@ data set's prompts as they are, with `DEFAULT_OUTPUT_LEN` tokens out.
 """
 from __future__ import annotations
 
+import platform
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from specserve.benchmark import arrivals as arr
-from specserve.benchmark.prompts import (DEFAULT_CHARS_PER_TOKEN, RANDOM, Prompt, PromptBuilder,
+from specserve.benchmark.prompts import (DEFAULT_CHARS_PER_TOKEN, RANDOM, STDLIB, Prompt, PromptBuilder,
                                          build_prompts, load_dataset)
 from specserve.errors import SpecServeError
 
@@ -132,4 +133,6 @@ def make_workload(spec: WorkloadSpec, *, tokenizer=None, chars_per_token: float 
         "num_length_misses": sum(p.target_tokens is not None and p.tokens != p.target_tokens
                                  for p in prompts),
     }
+    if spec.dataset == STDLIB:   # the corpus is this Python's own library: note which one
+        prompt_info["python_version"] = platform.python_version()
     return Workload(times, prompts, arrival, offered, prompt_info)

@@ -120,3 +120,9 @@ class FakeServer:
         self.server.should_exit = True
         self.thread.join(timeout=10)
         self.sock.close()
+
+
+if __name__ == "__main__":   # `python fake_server.py PORT`: what a sweep config's `launch` command starts
+    import sys
+
+    uvicorn.run(make_app(Script()), host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")

@@ -156,3 +156,46 @@ def test_sweep_fractions_of_measured_saturation(server, tmp_path):
     [run] = read_runs(results)
     sat = run["sweep"]["saturation_rate"]
     assert sat > 0 and run["offered_rate"] == pytest.approx(0.25 * sat)
+
+
+def test_sweep_launches_and_stops_each_server(tmp_path):
+    import sys
+    import time
+    from pathlib import Path
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = Path(__file__).with_name("fake_server.py")
+    configs = tmp_path / "configs.json"
+    configs.write_text(json.dumps([{"label": "launched", "base_url": f"http://127.0.0.1:{port}",
+                                    "launch": f"{sys.executable} {script} {port}", "ready_timeout_s": 60}]))
+    results = tmp_path / "r.jsonl"
+    rc = main(["bench", "sweep", "--configs", str(configs), "--rates", "20", "--max-requests", "4",
+               "--output-len", "2", "--input-len", "5", "--results", str(results), "--no-progress",
+               "--log-dir", str(tmp_path / "logs"), "--warmup-requests", "0"])
+    assert rc == 0 and read_runs(results)[0]["num_completed"] == 4
+    assert (tmp_path / "logs" / "launched.server.log").exists()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:     # the server's process group was terminated
+        try:
+            httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=1.0, trust_env=False)
+        except httpx.HTTPError:
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("launched server still answering after the sweep")
+
+
+def test_request_timeout_bounds_a_stalled_request(tmp_path):
+    with FakeServer(Script(ttft_s=1.0, itl_s=0.01)) as srv:
+        results = tmp_path / "r.jsonl"
+        rc = bench("--base-url", srv.url, "--request-rate", "20", "--max-requests", "2", "--output-len", "2",
+                   "--input-len", "5", "--request-timeout", "0.2", "--warmup-requests", "0",
+                   "--results", str(results))
+    assert rc == 1
+    [run] = read_runs(results)
+    assert run["errors"] == {"timed out after 0.2s": 2}
+    assert run["bench_duration_s"] < 0.6

@@ -18,6 +18,15 @@ def test_shipped_datasets_load():
         load_dataset("no-such-set")
 
 
+def test_python_stdlib_code_prompts():
+    texts = load_dataset("python-stdlib")
+    assert len(texts) > 100
+    assert sum(("def " in t or "import " in t) for t in texts) > 0.8 * len(texts)
+    assert all(t.endswith("\n") and len(t) <= 3000 for t in texts)
+    w = make_workload(WorkloadSpec(dataset="python-stdlib", max_concurrency=1, max_requests=3))
+    assert w.prompt_info["python_version"] and all(p.text in texts for p in w.prompts)
+
+
 def test_exact_token_length_from_corpus(tokenizer):
     # Random places in a corpus with translation prompts (German, and other scripts in places): cuts
     # fall inside words and multi-byte characters.
