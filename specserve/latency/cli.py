@@ -1,0 +1,85 @@
+"""`specserve latency fit | predict | plan | explain | plot | validate` — argument definitions only.
+
+The handlers live in `specserve.latency.commands` and are imported when a subcommand runs, so that
+`specserve --help` does not pay for numpy, scipy and matplotlib.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+
+
+def _handler(name: str):
+    def run(args: argparse.Namespace) -> int:
+        return getattr(importlib.import_module("specserve.latency.commands"), name)(args)
+    return run
+
+
+def _results(p: argparse.ArgumentParser, help: str) -> None:
+    p.add_argument("results", nargs="+", help=help)
+    p.add_argument("--k", action="append", default=[], metavar="LABEL=K",
+                   help="speculation length of a configuration whose records do not say it")
+    p.add_argument("--alpha", action="append", default=[], metavar="LABEL=A",
+                   help="i.i.d. acceptance of a configuration without speculation stats (overrides them)")
+
+
+def _fit_options(p: argparse.ArgumentParser) -> None:
+    _results(p, "results JSONL files written by `specserve bench`")
+    p.add_argument("--moe", metavar="ACTIVE/EXPERTS", help="fit the MoE coverage correction, e.g. 8/128")
+    p.add_argument("--rate-tolerance", type=float, default=0.10,
+                   help="exclude runs whose achieved rate falls this fraction short of offered (default 0.10)")
+    p.add_argument("--growth-tolerance", type=float, default=0.5,
+                   help="exclude runs whose in-flight count grew by this fraction of its mean (default 0.5)")
+    p.add_argument("--length-classes", type=int, default=4, help="length classes for mixed traffic (default 4)")
+
+
+def register(subparsers) -> None:
+    latency = subparsers.add_parser("latency", help="fit, predict, plan and explain SD latency under load",
+                                    description="The interpretable latency model (SPEC §2): "
+                                                "L = C1/(1 - rate*C2) with six SD coefficients.")
+    sub = latency.add_subparsers(dest="latency_command", required=True)
+
+    p = sub.add_parser("fit", help="fit a model from bench results")
+    _fit_options(p)
+    p.add_argument("-o", "--output", required=True, help="model.json to write")
+    p.add_argument("--no-cross-validation", action="store_true", help="skip leave-one-out refits (faster)")
+    p.set_defaults(func=_handler("fit"))
+
+    p = sub.add_parser("predict", help="latency, TTFT, TPOT and tails at one rate and k")
+    p.add_argument("model")
+    p.add_argument("--rate", type=float, required=True, help="request rate (req/s)")
+    p.add_argument("--k", type=int, default=0, help="speculation length (0 = no SD)")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--alpha", type=float, help="i.i.d. per-token acceptance in (0, 1]")
+    group.add_argument("--alphas", help="per-position acceptance a1,a2,... (position-dependent)")
+    p.add_argument("--output-tokens", type=float, help="mean generated tokens (default: the fitted runs')")
+    p.add_argument("--prompt-tokens", type=float, help="mean prompt tokens (default: the fitted runs')")
+    p.add_argument("--lengths", help="per-request rows (JSONL) or a CSV trace: predict its length classes")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_handler("predict"))
+
+    p = sub.add_parser("plan", help="best k per rate, break-even rates, most load under an SLO")
+    p.add_argument("model")
+    p.add_argument("--rates", nargs="+", required=True, help="request rates, space or comma separated")
+    p.add_argument("--ks", default="0,1,2,3,4,5,6,7,8", help="candidate k (default 0..8)")
+    p.add_argument("--alpha", type=float, help="i.i.d. acceptance (default: measured per k, else median)")
+    p.add_argument("--slo-e2e-ms", type=float, help="mean end-to-end latency target (ms)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_handler("plan_command"))
+
+    p = sub.add_parser("explain", help="plain-language report of a fitted model")
+    p.add_argument("model")
+    p.add_argument("--ks", default="0,1,2,3,4,5,6,7,8", help="candidate k for the best-k bands")
+    p.add_argument("--alpha", type=float, help="i.i.d. acceptance for the best-k bands")
+    p.set_defaults(func=_handler("explain"))
+
+    p = sub.add_parser("plot", help="collapse, latency-vs-rate and speedup-vs-load PNGs")
+    p.add_argument("model")
+    _results(p, "the results the model was fitted on (measured points)")
+    p.add_argument("-o", "--out-dir", default="latency-plots", help="folder for the PNGs")
+    p.set_defaults(func=_handler("plot"))
+
+    p = sub.add_parser("validate", help="held-out rate and held-out k errors (MAPE tables)")
+    _fit_options(p)
+    p.add_argument("--markdown", help="also write the tables as Markdown to this file")
+    p.set_defaults(func=_handler("validate"))

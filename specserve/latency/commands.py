@@ -1,0 +1,209 @@
+"""Handlers of `specserve latency ...` (see cli.py for the arguments). Each returns an exit code."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+from specserve.errors import SpecServeError
+from specserve.latency import model_file
+from specserve.latency.fit import FitOptions, fit_runs
+from specserve.latency.lengths import length_classes, read_lengths
+from specserve.latency.moe import MoeExperts
+from specserve.latency.planning import acceptance_for, break_even_for, candidate_ks, max_rate_within, plan
+from specserve.latency.report import explain as explain_text, percent, seconds
+from specserve.latency.runs import load_runs
+from specserve.latency.saturation import SaturationRules
+
+
+def _numbers(values: list[str] | str, kind=float) -> list:
+    text = ",".join(values) if isinstance(values, list) else values
+    try:
+        return [kind(v) for v in text.replace(" ", ",").split(",") if v]
+    except ValueError:
+        raise SpecServeError(f"expected a list of numbers, got {text!r}") from None
+
+
+def _pairs(items: list[str], kind, flag: str) -> dict:
+    out = {}
+    for item in items:
+        label, sep, value = item.partition("=")
+        try:
+            if not sep or not label:
+                raise ValueError
+            out[label] = kind(value)
+        except ValueError:
+            raise SpecServeError(f"{flag} expects LABEL=VALUE, got {item!r}") from None
+    return out
+
+
+def _runs(args: argparse.Namespace, unusable: list | None = None):
+    return load_runs(args.results, _pairs(args.k, int, "--k"), _pairs(args.alpha, float, "--alpha"), unusable)
+
+
+def _options(args: argparse.Namespace, cross_validate: bool) -> FitOptions:
+    moe = None
+    if args.moe:
+        active, sep, experts = args.moe.partition("/")
+        if not (sep and active.isdigit() and experts.isdigit()):
+            raise SpecServeError(f"--moe expects ACTIVE/EXPERTS like 8/128, got {args.moe!r}")
+        moe = MoeExperts(int(active), int(experts))
+    rules = SaturationRules(rate_tolerance=args.rate_tolerance, growth_tolerance=args.growth_tolerance)
+    return FitOptions(moe, rules, args.length_classes, cross_validate)
+
+
+def fit(args: argparse.Namespace) -> int:
+    unusable: list[dict] = []
+    runs = _runs(args, unusable)
+    report = fit_runs(runs, _options(args, not args.no_cross_validation), list(args.results), unusable)
+    model_file.save(report, args.output)
+    m = report.model
+    print(f"fitted {sum(c.n_runs for c in m.configurations)} runs of {len(m.configurations)} configurations; "
+          f"{len(report.excluded)} excluded as saturated -> {args.output}")
+    for x in report.excluded:
+        print(f"  excluded {x['label']} @ {x['achieved_rate']:.3g} req/s: {'; '.join(x['reasons'])}")
+    c = m.e2e.coefficients
+    print("pooled E2E coefficients (95% CI):")
+    for name, value in c.values.items():
+        ci = c.ci95[name]
+        band = "not identifiable" if name in c.not_identifiable else (
+            "no CI" if ci is None else f"[{seconds(ci[0])}, {seconds(ci[1])}]")
+        print(f"  {name:7s} {seconds(value):>12s}  {band}")
+    print(f"  R² {c.r2:.4f}, MAPE {percent(c.mape)}")
+    print("per configuration (C1, C2 fitted alone):")
+    for conf in m.configurations:
+        fitted = ("" if conf.fit is None else
+                  f"C1 {seconds(conf.fit.coefficients.values['C1'])}, C2 {seconds(conf.fit.coefficients.values['C2'])}, "
+                  f"R² {conf.fit.coefficients.r2:.4f}, MAPE {percent(conf.fit.coefficients.mape)}")
+        print(f"  {conf.label:10s} k={conf.k} E={conf.acceptance_length:.2f} runs={conf.n_runs} {fitted}")
+    for by, result in report.cross_validation.items():
+        o = result["overall"]
+        errors = ", ".join(f"{t.upper()} {percent(o[t]['mape'])}" for t in ("e2e", "ttft", "tpot") if t in o)
+        print(f"leave-one-{by}-out MAPE: {errors or 'n/a (no held-out run could be predicted)'}")
+    for note in report.notes:
+        print(f"note: {note}")
+    return 0
+
+
+def _acceptance(args, model) -> tuple[float, str]:
+    if args.alphas:
+        alphas = _numbers(args.alphas)
+        return acceptance_for(model, args.k, alphas)[0], "given per-position alpha"
+    return acceptance_for(model, args.k, args.alpha)
+
+
+def predict(args: argparse.Namespace) -> int:
+    report = model_file.load(args.model)
+    m = report.model
+    e, source = _acceptance(args, m)
+    pred = m.predict(args.rate, args.k, e, args.output_tokens, args.prompt_tokens)
+    dense = m.latency(args.rate, 0, 1.0, args.output_tokens, args.prompt_tokens)
+    be = break_even_for(m, args.k, e) if args.k > 0 else None
+    out = {"rate": pred.rate, "k": pred.k, "acceptance_length": pred.acceptance_length, "acceptance_source": source,
+           "output_tokens": pred.output_tokens, "prompt_tokens": pred.prompt_tokens,
+           "C1_s": pred.demands.c1, "C2_s": pred.demands.c2, "saturation_rate": pred.saturation_rate,
+           "in_flight": pred.in_flight, "e2e_s": pred.e2e, "ttft_s": pred.ttft, "tpot_s": pred.tpot,
+           "quantiles_s": pred.quantiles, "dense_e2e_s": dense,
+           "speedup": None if math.isinf(pred.e2e) and math.isinf(dense) else
+           (math.inf if math.isinf(dense) else dense / pred.e2e),
+           "break_even_rate": None if be is None else be.rate,
+           "break_even_regime": None if be is None else be.regime,
+           "unsupported": list(pred.unsupported)}
+    if args.lengths:
+        p, g = read_lengths(args.lengths)
+        mix, rows = m.predict_classes(args.rate, args.k, e, length_classes(p, g, 4))
+        out["length_classes"] = [{"prompt_tokens": c.prompt_tokens, "output_tokens": c.output_tokens,
+                                  "weight": c.weight, "e2e_s": l_, "ttft_s": t_} for c, l_, t_ in rows]
+        out["mixture_e2e_s"] = mix.e2e
+    if args.json:
+        print(json.dumps(model_file.finite_json(out) | {"saturated": math.isinf(pred.e2e)}, indent=1))
+        return 0
+    print(f"k={pred.k}, E={pred.acceptance_length:.3f} ({source}), g={pred.output_tokens:.0f}, "
+          f"p={pred.prompt_tokens:.0f}, rate {pred.rate:g} req/s")
+    print(f"  C1 {seconds(pred.demands.c1)}, C2 {seconds(pred.demands.c2)}, saturates at {pred.saturation_rate:.3g} req/s")
+    print(f"  mean E2E {seconds(pred.e2e)}, TTFT {seconds(pred.ttft)}, TPOT {seconds(pred.tpot)}, "
+          f"in flight {pred.in_flight:.3g}")
+    for metric, qs in pred.quantiles.items():
+        print(f"  {metric.upper()} " + ", ".join(f"{q} {seconds(v)}" for q, v in qs.items()))
+    if pred.k > 0:
+        speed = "n/a" if out["speedup"] is None else f"{out['speedup']:.3g}x"
+        print(f"  plain decoding at this rate: {seconds(dense)}; speedup {speed}")
+        print(f"  break-even: {be.regime}" + ("" if be.rate is None else f" at {be.rate:.3g} req/s"))
+    for c in out.get("length_classes", []):
+        print(f"  class p={c['prompt_tokens']:.0f} g={c['output_tokens']:.0f} ({c['weight']:.0%}): "
+              f"E2E {seconds(c['e2e_s'])}, TTFT {seconds(c['ttft_s'])}")
+    if pred.unsupported:
+        print(f"  warning: the fitted runs cannot identify {', '.join(pred.unsupported)} for this configuration")
+    return 0
+
+
+def plan_command(args: argparse.Namespace) -> int:
+    report = model_file.load(args.model)
+    m = report.model
+    ks = _numbers(args.ks, int)
+    target = None if args.slo_e2e_ms is None else args.slo_e2e_ms / 1e3
+    rows = plan(m, _numbers(args.rates), ks, args.alpha, target)
+    expected, left_out = candidate_ks(m, ks, args.alpha)
+    sources = {k: acceptance_for(m, k, args.alpha)[1] for k in expected}
+    breaks = {k: break_even_for(m, k, e) for k, e in expected.items() if k > 0}
+    most = None
+    if target is not None:
+        rates = {k: max_rate_within(m, k, e, target) for k, e in expected.items()}
+        best = max(rates, key=lambda k: (rates[k], -k))
+        most = {"k": best, "max_rate": rates[best]}
+    if args.json:
+        print(json.dumps(model_file.finite_json({
+            "rows": [{"rate": r.rate, "best_k": r.best_k, "e2e_s": r.best, "dense_e2e_s": r.dense,
+                      "speedup": r.speedup, "meets_slo": r.meets_target, "e2e_by_k_s": r.latencies} for r in rows],
+            "break_even": {k: {"regime": b.regime, "rate": b.rate, "acceptance_length": expected[k]}
+                           for k, b in breaks.items()},
+            "not_identifiable_k": left_out, "slo_e2e_ms": args.slo_e2e_ms, "best_under_slo": most}), indent=1))
+        return 0
+    print(f"{'rate':>8s} {'best k':>6s} {'E2E':>12s} {'no SD':>12s} {'speedup':>8s}" + ("  SLO" if target else ""))
+    for r in rows:
+        best = "-" if r.best_k is None else str(r.best_k)
+        speed = "-" if r.speedup is None else f"{r.speedup:.2f}x"
+        slo = "" if r.meets_target is None else ("  met" if r.meets_target else "  MISSED")
+        dense = "n/a" if r.dense is None else seconds(r.dense)
+        print(f"{r.rate:8.3g} {best:>6s} {seconds(r.best):>12s} {dense:>12s} {speed:>8s}{slo}")
+    if breaks:
+        print("break-even (where SD and plain decoding are equally fast):")
+    for k, b in breaks.items():
+        where = "" if b.rate is None else f" at {b.rate:.3g} req/s"
+        print(f"  k={k} (E={expected[k]:.2f}, {sources[k]}): {b.regime}{where}")
+    if left_out:
+        print(f"not ranked (the fitted runs cannot identify their cost): k={','.join(map(str, left_out))}")
+    if most is not None:
+        if most["max_rate"] <= 0:
+            print(f"no k meets {args.slo_e2e_ms:g} ms even for a lone request")
+        elif math.isinf(most["max_rate"]):
+            print(f"k={most['k']} meets {args.slo_e2e_ms:g} ms at any rate (no contention measured)")
+        else:
+            print(f"most load within {args.slo_e2e_ms:g} ms mean E2E: {most['max_rate']:.3g} req/s with k={most['k']}")
+    return 0
+
+
+def explain(args: argparse.Namespace) -> int:
+    print(explain_text(model_file.load(args.model), _numbers(args.ks, int), args.alpha))
+    return 0
+
+
+def plot(args: argparse.Namespace) -> int:
+    from specserve.latency.plot import plot_all
+
+    for path in plot_all(model_file.load(args.model), _runs(args), args.out_dir):
+        print(path)
+    return 0
+
+
+def validate(args: argparse.Namespace) -> int:
+    from specserve.latency.validate import markdown, render, validate_files
+
+    report = validate_files(args.results, _options(args, True), _pairs(args.k, int, "--k"),
+                            _pairs(args.alpha, float, "--alpha"))
+    render(report)
+    if args.markdown:
+        Path(args.markdown).write_text(markdown(report))
+        print(f"wrote {args.markdown}")
+    return 0

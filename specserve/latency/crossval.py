@@ -1,0 +1,92 @@
+"""Prediction errors: in-sample, leave-one-rate-out (LORO) and leave-one-configuration-out (LOCO).
+
+A held-out point is predicted at its achieved rate with its own k, measured E and lengths — what a user
+knows before running it. Metrics the training data cannot speak for at a point's configuration
+(see `RowSpace`) are left out with a note rather than predicted with coefficients never identified.
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+
+from specserve.errors import SpecServeError
+from specserve.latency.model import LatencyModel
+from specserve.latency.runs import BenchRun
+from specserve.latency.tails import METRICS, QUANTILES
+
+TARGETS = METRICS + tuple(f"{m}_{q}" for m in METRICS for q in QUANTILES)
+
+
+def observed_predicted(model: LatencyModel, run: BenchRun) -> dict[str, tuple[float, float]]:
+    """{target: (observed, predicted)} for one run, leaving out metrics the model cannot speak for."""
+    pred = model.predict(run.achieved_rate, run.k, run.acceptance_length, run.output_tokens,
+                         run.prompt_tokens)
+    out = {}
+    for metric in METRICS:
+        if metric in pred.unsupported:
+            continue
+        stats = getattr(run, metric)
+        out[metric] = (stats.mean, getattr(pred, metric))
+        for q in QUANTILES:
+            value = pred.quantiles.get(metric, {}).get(q)
+            if stats.quantile(q) is not None and value is not None:
+                out[f"{metric}_{q}"] = (stats.quantile(q), value)
+    return out
+
+
+def summarize(pairs: Sequence[dict[str, tuple[float, float]]]) -> dict[str, dict[str, float]]:
+    """{target: {"mape": percent, "n": count}}; a saturated prediction counts as an infinite error."""
+    errors: dict[str, list[float]] = defaultdict(list)
+    for pair in pairs:
+        for target, (obs, pred) in pair.items():
+            errors[target].append(math.inf if math.isinf(pred) else abs(pred - obs) / obs * 100.0)
+    return {t: {"mape": sum(errors[t]) / len(errors[t]), "n": len(errors[t])} for t in TARGETS if errors[t]}
+
+
+def holdout_groups(runs: Sequence[BenchRun], by: str) -> list[tuple[str, list[int]]]:
+    """[(description, indices)]. Rates are grouped by rank within each configuration, so "the 3rd rate"
+    is held out of every configuration at once even when configurations were swept at different rates."""
+    if by == "configuration":
+        labels = sorted({r.label for r in runs}, key=lambda lab: (next(r.k for r in runs if r.label == lab), lab))
+        return [(f"{lab} (k={next(r.k for r in runs if r.label == lab)})",
+                 [i for i, r in enumerate(runs) if r.label == lab]) for lab in labels]
+    if by != "rate":
+        raise SpecServeError(f"unknown hold-out grouping {by!r} (use 'rate' or 'configuration')")
+    rank: dict[int, int] = {}
+    for label in {r.label for r in runs}:
+        members = sorted((i for i, r in enumerate(runs) if r.label == label),
+                         key=lambda i: (runs[i].offered_rate or runs[i].achieved_rate, runs[i].achieved_rate))
+        rank.update({i: n for n, i in enumerate(members, start=1)})
+    groups = []
+    for n in sorted(set(rank.values())):
+        idx = [i for i in range(len(runs)) if rank[i] == n]
+        lo, hi = min(runs[i].achieved_rate for i in idx), max(runs[i].achieved_rate for i in idx)
+        span = f"{lo:.3g}" if hi <= 1.02 * lo else f"{lo:.3g}-{hi:.3g}"
+        groups.append((f"rate #{n} ({span} req/s)", idx))
+    return groups
+
+
+def cross_validate(runs: Sequence[BenchRun], by: str, fit: Callable[[list[BenchRun]], LatencyModel],
+                   ) -> dict:
+    """Refit without each group, predict the group. Returns per-group and overall MAPE by target."""
+    groups, all_pairs = [], []
+    for description, idx in holdout_groups(runs, by):
+        held = set(idx)
+        train = [r for i, r in enumerate(runs) if i not in held]
+        row: dict = {"held_out": description, "n": len(idx), "mape": {}}
+        try:
+            model = fit(train)
+        except SpecServeError as e:
+            row["note"] = f"training fit failed: {e}"
+            groups.append(row)
+            continue
+        pairs = [observed_predicted(model, runs[i]) for i in idx]
+        row["mape"] = summarize(pairs)
+        missing = [m for m in METRICS if m not in row["mape"]]
+        if missing:
+            row["note"] = (f"{', '.join(m.upper() for m in missing)} not predicted: the other "
+                           "configurations cannot identify the coefficients this one needs")
+        all_pairs += pairs
+        groups.append(row)
+    return {"by": by, "groups": groups, "overall": summarize(all_pairs)}

@@ -1,0 +1,129 @@
+"""Mean end-to-end latency: per-configuration (C1, C2) fits and the pooled six-coefficient fit (SPEC §2).
+
+Both use one procedure: a non-negative least-squares fit of L on B̂ = λ·L (L = C1 + B̂·C2, the initial guess)
+refined by nonlinear least squares of L(λ) = C1/(1 − λ·C2). Residuals are relative, (L̂ − L)/L: latency
+spans an order of magnitude across load and relative residuals weigh every point alike, as MAPE does.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from specserve.errors import SpecServeError
+from specserve.latency.formulas import Demands
+from specserve.latency.moe import MoeDemands, MoeExperts, moe_latency, routed_tokens
+from specserve.latency.regression import (FittedCoefficients, RowSpace, confidence_intervals,
+                                          nonneg_weighted_lstsq)
+from specserve.latency.runs import BenchRun
+
+SIX = ("c1p", "c1v", "c1d", "c2p", "c2v", "c2d")
+
+
+def demand_features(k: int, expected: float, output_tokens: float) -> np.ndarray:
+    """u with C1 = u·(c1p, c1v, c1d) and C2 = u·(c2p, c2v, c2d): [1, g/E, g·k/E]."""
+    cycles = output_tokens / expected
+    return np.array([1.0, cycles, cycles * k])
+
+
+def parameter_names(base: Sequence[str], moe: bool) -> tuple[str, ...]:
+    """θ = [C1 terms, C2 terms]; with MoE each term splits into an always-paid part and a `_s` part ∝ φ."""
+    half = len(base) // 2
+    c1, c2 = list(base[:half]), list(base[half:])
+    if moe:
+        c1, c2 = c1 + [n + "_s" for n in c1], c2 + [n + "_s" for n in c2]
+    return tuple(c1 + c2)
+
+
+def fit_demands(rate: np.ndarray, latency: np.ndarray, X: np.ndarray):
+    """θ = (θ1, θ2) ≥ 0 minimising Σ((X·θ1/(1 − λ·X·θ2) − L)/L)². Returns (θ, kept columns, CIs)."""
+    from scipy.optimize import least_squares
+
+    n, q = X.shape
+    in_flight = rate * latency
+    theta, keep, cis = nonneg_weighted_lstsq(np.hstack([X, in_flight[:, None] * X]), latency, 1 / latency)
+    if not keep:
+        raise SpecServeError("latency data carry no information to fit (all features are zero)")
+    free = np.array(keep)
+
+    def predict(theta_free: np.ndarray) -> np.ndarray:
+        full = np.zeros(2 * q)
+        full[free] = theta_free
+        room = 1.0 - rate * (X @ full[q:])
+        # Past saturation the model has no finite latency; a steep wall keeps the search out of it.
+        return (X @ full[:q]) / np.where(room > 1e-6, room, 1e-6)
+
+    res = least_squares(lambda tf: (predict(tf) - latency) / latency, np.maximum(theta[free], 1e-12),
+                        bounds=(0.0, np.inf), method="trf", x_scale="jac")
+    if np.sum(res.fun ** 2) <= np.sum(((predict(theta[free]) - latency) / latency) ** 2):
+        theta[free] = res.x
+        cis = [None] * (2 * q)
+        for j, ci in zip(keep, confidence_intervals(res.x, res.jac, res.fun)):
+            cis[j] = ci
+    return theta, keep, cis
+
+
+def _coverage_columns(runs: Sequence[BenchRun], moe: MoeExperts, U: np.ndarray) -> np.ndarray:
+    """[U, φ·U] with φ at each run's observed in-flight count: the measured load, so the fit stays
+    closed-form; prediction then solves the fixed point (moe_latency)."""
+    phi = np.array([moe.coverage(routed_tokens(r.in_flight, r.k + 1)) for r in runs])
+    return np.hstack([U, phi[:, None] * U])
+
+
+@dataclass(frozen=True, slots=True)
+class E2EModel:
+    """Mean E2E latency for any (k, E, g) from pooled coefficients (or one configuration's C1, C2)."""
+
+    coefficients: FittedCoefficients
+    moe: MoeExperts | None
+    space: RowSpace  # the configurations' feature rows: which (k, E, g) the data can speak for
+    pooled: bool = True  # False: a single configuration's (C1, C2), valid only for that configuration
+
+    def features(self, k: int, expected: float, output_tokens: float) -> np.ndarray:
+        return demand_features(k, expected, output_tokens) if self.pooled else np.ones(1)
+
+    def split(self, k: int, expected: float, output_tokens: float) -> MoeDemands:
+        u = self.features(k, expected, output_tokens)
+        names = parameter_names(SIX if self.pooled else ("C1", "C2"), self.moe is not None)
+        theta = self.coefficients.vector(names).reshape(4 if self.moe else 2, -1)
+        if self.moe is None:
+            return MoeDemands(float(u @ theta[0]), 0.0, float(u @ theta[1]), 0.0)
+        return MoeDemands(*(float(u @ row) for row in theta))
+
+    def demands(self, k: int, expected: float, output_tokens: float) -> Demands:
+        """(C1, C2) at full expert coverage (exact for dense-weight models)."""
+        return self.split(k, expected, output_tokens).full
+
+    def latency(self, rate: float, k: int, expected: float, output_tokens: float) -> float:
+        split = self.split(k, expected, output_tokens)
+        if self.moe is None:
+            return split.full.latency(rate)
+        return moe_latency(rate, split, self.moe, k + 1)
+
+    def estimable(self, k: int, expected: float, output_tokens: float) -> bool:
+        return self.space.contains(self.features(k, expected, output_tokens))
+
+
+def fit_e2e(runs: Sequence[BenchRun], moe: MoeExperts | None = None, pooled: bool = True) -> E2EModel:
+    """Pooled: the six coefficients across all configurations (E, g, k per run). Not pooled: one
+    configuration's (C1, C2)."""
+    if len(runs) < 2:
+        raise SpecServeError(f"need at least 2 pre-saturation runs to fit latency, got {len(runs)}")
+    rate = np.array([r.achieved_rate for r in runs])
+    latency = np.array([r.e2e.mean for r in runs])
+    U = (np.array([demand_features(r.k, r.acceptance_length, r.output_tokens) for r in runs]) if pooled
+         else np.ones((len(runs), 1)))
+    X = U if moe is None else _coverage_columns(runs, moe, U)
+    theta, keep, cis = fit_demands(rate, latency, X)
+    names = parameter_names(SIX if pooled else ("C1", "C2"), moe is not None)
+    # The fit may leave a configuration with C1 = 0 only through degenerate data; report it as such.
+    provisional = E2EModel(FittedCoefficients.build(names, theta, keep, cis, latency, latency),
+                           moe, RowSpace.of(U), pooled)
+    try:
+        predicted = np.array([provisional.latency(r.achieved_rate, r.k, r.acceptance_length, r.output_tokens)
+                              for r in runs])
+    except SpecServeError as e:
+        raise SpecServeError(f"latency fit is degenerate ({e}); check the runs' latencies") from None
+    return E2EModel(FittedCoefficients.build(names, theta, keep, cis, latency, predicted),
+                    moe, RowSpace.of(U), pooled)

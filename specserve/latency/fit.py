@@ -1,0 +1,133 @@
+"""Fit a `LatencyModel` from bench runs: saturation exclusion, per-configuration and pooled E2E fits,
+TTFT/TPOT, tails, length classes, in-sample quality and cross-validation."""
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from specserve.errors import SpecServeError
+from specserve.latency.acceptance import positional_acceptance, solve_alpha
+from specserve.latency.crossval import cross_validate, observed_predicted, summarize
+from specserve.latency.e2e import fit_e2e
+from specserve.latency.lengths import LengthClass, length_classes, prefill_slope
+from specserve.latency.model import Configuration, LatencyModel
+from specserve.latency.moe import MoeExperts
+from specserve.latency.phases import fit_phase
+from specserve.latency.requests import RequestSample, load_request_sample
+from specserve.latency.runs import BenchRun
+from specserve.latency.saturation import SaturationRules, split_saturated
+from specserve.latency.tails import TailModel, fit_tails
+
+
+@dataclass(frozen=True, slots=True)
+class FitOptions:
+    moe: MoeExperts | None = None
+    rules: SaturationRules = field(default_factory=SaturationRules)
+    n_length_classes: int = 4
+    cross_validate: bool = True
+
+
+@dataclass(slots=True)
+class FitReport:
+    """A model plus everything that says how far to trust it (all JSON-ready except `model`)."""
+
+    model: LatencyModel
+    excluded: list[dict]
+    notes: list[str]
+    quality: dict  # target -> {"mape", "n"}, in-sample through the full model
+    cross_validation: dict  # "rate" / "configuration" -> cross_validate() result
+    sources: list[str]
+
+
+def _configurations(runs: Sequence[BenchRun], moe: MoeExperts | None,
+                    notes: list[str]) -> tuple[Configuration, ...]:
+    out = []
+    for label in sorted({r.label for r in runs}, key=lambda lab: next(r.k for r in runs if r.label == lab)):
+        own = [r for r in runs if r.label == label]
+        k, e = own[0].k, statistics.fmean(r.acceptance_length for r in own)
+        fit = None
+        if len(own) >= 2:
+            try:
+                fit = fit_e2e(own, moe, pooled=False)
+            except SpecServeError as err:
+                notes.append(f"{label}: no per-configuration fit ({err})")
+        else:
+            notes.append(f"{label}: only {len(own)} pre-saturation run, no per-configuration fit")
+        counted = [r for r in own if r.accepted_per_position]
+        width = max((len(r.accepted_per_position) for r in counted), default=0)
+        positional = positional_acceptance(
+            sum(r.num_drafts for r in counted),
+            [sum(r.accepted_per_position[i] for r in counted if i < len(r.accepted_per_position))
+             for i in range(width)])
+        rates = [r.achieved_rate for r in own]
+        out.append(Configuration(
+            label, k, e, solve_alpha(e, k) if k > 0 else None,
+            tuple(positional[:k]) if positional and k > 0 else None,
+            statistics.fmean(r.prompt_tokens for r in own), statistics.fmean(r.output_tokens for r in own),
+            (min(rates), max(rates)), len(own), fit))
+    return tuple(out)
+
+
+def fit_model(runs: Sequence[BenchRun], moe: MoeExperts | None = None,
+              samples: dict[str, RequestSample] | None = None, n_length_classes: int = 4,
+              notes: list[str] | None = None) -> LatencyModel:
+    """Fit every component on the given (pre-saturation) runs."""
+    runs, samples, notes = list(runs), samples or {}, notes if notes is not None else []
+    used = [samples[r.source] for r in runs if r.source in samples]
+    slope = prefill_slope([(s.prompt_tokens, s.ttft) for s in used])
+    classes: tuple[LengthClass, ...] = ()
+    if used:
+        classes = length_classes(np.concatenate([s.prompt_tokens for s in used]),
+                                 np.concatenate([s.output_tokens for s in used]), n_length_classes)
+    model = LatencyModel(
+        e2e=fit_e2e(runs, moe), ttft=fit_phase("ttft", runs), tpot=fit_phase("tpot", runs),
+        tails=TailModel({}), prompt_tokens=statistics.fmean(r.prompt_tokens for r in runs),
+        output_tokens=statistics.fmean(r.output_tokens for r in runs), prefill_per_token=slope,
+        length_classes=classes, configurations=_configurations(runs, moe, notes))
+
+    def parts(metric: str, run: BenchRun) -> tuple[float, float]:
+        return model.parts(metric, run.achieved_rate, run.k, run.acceptance_length, run.output_tokens,
+                           run.prompt_tokens)
+
+    return replace(model, tails=fit_tails(runs, parts))
+
+
+def fit_runs(runs: Sequence[BenchRun], options: FitOptions | None = None,
+             sources: Sequence[str] = (), unusable: Sequence[dict] = ()) -> FitReport:
+    """Exclude saturated runs, fit, and measure in-sample and cross-validated errors. `unusable`: records
+    `load_runs` could not turn into runs, listed with the exclusions."""
+    options = options or FitOptions()
+    kept, exclusions = split_saturated(runs, options.rules)
+    excluded = list(unusable) + [{"label": x.run.label, "k": x.run.k, "offered_rate": x.run.offered_rate,
+                 "achieved_rate": x.run.achieved_rate, "e2e_mean_s": x.run.e2e.mean, "source": x.run.source,
+                 "reasons": list(x.reasons)}
+                for x in exclusions]
+    if len(kept) < 2:
+        why = "; ".join(f"{x.run.source}: {', '.join(x.reasons)}" for x in exclusions[:3])
+        raise SpecServeError(f"only {len(kept)} of {len(runs)} runs are below saturation; need at least 2 "
+                             f"(excluded: {why}{' ...' if len(exclusions) > 3 else ''})")
+    notes: list[str] = []
+    samples: dict[str, RequestSample] = {}
+    for run in kept:
+        sample, why = load_request_sample(run)
+        if sample is not None:
+            samples[run.source] = sample
+        elif run.requests_path:
+            notes.append(f"per-request rows unused: {why}")
+    model = fit_model(kept, options.moe, samples, options.n_length_classes, notes)
+    if model.prefill_per_token is None:
+        notes.append("prompt lengths did not vary within runs: prefill cost per token is unknown, "
+                     "so predictions at other prompt lengths keep the fitted prefill")
+    pairs = [observed_predicted(model, r) for r in kept]
+    crossval = {}
+    if options.cross_validate:
+        def refit(train: list[BenchRun]) -> LatencyModel:
+            return fit_model(train, options.moe, samples, options.n_length_classes, [])
+        for by in ("rate", "configuration"):
+            if len({r.label for r in kept}) < 2 and by == "configuration":
+                continue  # nothing to hold out a configuration against
+            crossval[by] = cross_validate(kept, by, refit)
+    return FitReport(model, excluded, notes, summarize(pairs), crossval, list(sources))

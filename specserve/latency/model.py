@@ -1,0 +1,164 @@
+"""A fitted latency model: E2E, TTFT, TPOT means and their p95/p99 at any (λ, k, E, g, p)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from specserve.errors import SpecServeError
+from specserve.latency.acceptance import check_k
+from specserve.latency.e2e import E2EModel
+from specserve.latency.formulas import Demands, check_rate
+from specserve.latency.lengths import LengthClass
+from specserve.latency.moe import MoeDemands
+from specserve.latency.phases import PhaseModel
+from specserve.latency.tails import METRICS, QUANTILES, TailModel
+
+
+@dataclass(frozen=True, slots=True)
+class Configuration:
+    """One measured server configuration (a bench label) and its own two-coefficient fit."""
+
+    label: str
+    k: int
+    acceptance_length: float  # E measured (mean over the configuration's runs)
+    alpha: float | None  # i.i.d. α with E(α, k) = E; None without SD
+    alphas_by_position: tuple[float, ...] | None
+    prompt_tokens: float
+    output_tokens: float
+    rate_range: tuple[float, float]  # achieved rates of the fitted runs
+    n_runs: int
+    fit: E2EModel | None  # None with fewer than 2 pre-saturation runs
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    rate: float
+    k: int
+    acceptance_length: float
+    output_tokens: float
+    prompt_tokens: float
+    demands: Demands  # (C1, C2) of this configuration (at full expert coverage for MoE)
+    saturation_rate: float
+    in_flight: float
+    e2e: float
+    ttft: float
+    tpot: float
+    quantiles: dict[str, dict[str, float]] = field(default_factory=dict)  # metric -> p95/p99
+    unsupported: tuple[str, ...] = ()  # metrics whose coefficients for this configuration the fitted
+    # data cannot separate (e.g. draft prefill vs target prefill with no plain-decoding runs)
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyModel:
+    e2e: E2EModel
+    ttft: PhaseModel
+    tpot: PhaseModel
+    tails: TailModel
+    prompt_tokens: float  # reference lengths: means of the fitted runs
+    output_tokens: float
+    prefill_per_token: float | None  # TTFT seconds per prompt token; None if prompts never varied
+    length_classes: tuple[LengthClass, ...]
+    configurations: tuple[Configuration, ...]
+
+    def _split(self, k: int, expected: float, g: float, p: float) -> MoeDemands:
+        split = self.e2e.split(k, expected, g)
+        shift = (p - self.prompt_tokens) * (self.prefill_per_token or 0.0)
+        # A longer prompt adds its prefill to the lone-request demand; never below zero.
+        return replace(split, c1u=max(split.c1u + shift, 0.0))
+
+    def latency(self, rate: float, k: int, expected: float, g: float | None = None,
+                p: float | None = None) -> float:
+        split = self._split(k, expected, g or self.output_tokens, self.prompt_tokens if p is None else p)
+        if self.e2e.moe is None:
+            return split.full.latency(rate)
+        from specserve.latency.moe import moe_latency
+
+        return moe_latency(rate, split, self.e2e.moe, k + 1)
+
+    def demands(self, k: int, expected: float, g: float | None = None, p: float | None = None) -> Demands:
+        return self._split(k, expected, g or self.output_tokens,
+                           self.prompt_tokens if p is None else p).full
+
+    def parts(self, metric: str, rate: float, k: int, expected: float, g: float | None = None,
+              p: float | None = None) -> tuple[float, float]:
+        """(lone-request part, load part) of a metric's mean; inf load at saturation."""
+        e2e = self.latency(rate, k, expected, g, p)
+        if metric == "e2e":
+            base = self.latency(0.0, k, expected, g, p)
+            return base, e2e - base
+        model = self.ttft if metric == "ttft" else self.tpot
+        if math.isinf(e2e):
+            return model.parts(k, expected, 0.0)[0], math.inf
+        base, load = model.parts(k, expected, rate * e2e)
+        if metric == "ttft" and p is not None:
+            base = max(base + (p - self.prompt_tokens) * (self.prefill_per_token or 0.0), 0.0)
+        return base, load
+
+    def predict(self, rate: float, k: int, expected: float, g: float | None = None,
+                p: float | None = None) -> Prediction:
+        check_rate(rate)
+        check_k(k)
+        g = self.output_tokens if g is None else float(g)
+        p = self.prompt_tokens if p is None else float(p)
+        if k > 0 and not (1.0 <= expected <= k + 1):
+            raise SpecServeError(f"tokens per cycle E={expected:g} must be in [1, k+1] for k={k}")
+        means, quantiles = {}, {}
+        for metric in METRICS:
+            base, load = self.parts(metric, rate, k, expected, g, p)
+            means[metric] = base + load
+            for q in QUANTILES:
+                value = self.tails.predict(metric, q, base, load)
+                if value is not None:
+                    quantiles.setdefault(metric, {})[q] = value
+        demands = self.demands(k, expected, g, p)
+        unsupported = tuple(m for m in METRICS if not self.estimable(m, k, expected, g))
+        return Prediction(rate, k, expected, g, p, demands, demands.saturation_rate,
+                          rate * means["e2e"], means["e2e"], means["ttft"], means["tpot"], quantiles,
+                          unsupported)
+
+    def estimable(self, metric: str, k: int, expected: float, g: float) -> bool:
+        """Whether the fitted data identify this metric for (k, E, g); TTFT and TPOT also need the E2E
+        model, which supplies their load B = λ·L."""
+        ok = self.e2e.estimable(k, expected, g)
+        if metric == "e2e":
+            return ok
+        return ok and (self.ttft if metric == "ttft" else self.tpot).estimable(k, expected)
+
+    def predict_classes(self, rate: float, k: int, expected: float, classes: tuple[LengthClass, ...],
+                        ) -> tuple[Prediction, list[tuple[LengthClass, float, float]]]:
+        """Mixture prediction and, per class, (class, mean E2E, mean TTFT) at the mixture's load."""
+        total = sum(c.weight for c in classes)
+        g = sum(c.weight * c.output_tokens for c in classes) / total
+        p = sum(c.weight * c.prompt_tokens for c in classes) / total
+        mix = self.predict(rate, k, expected, g, p)
+        rows = []
+        for c in classes:
+            if math.isinf(mix.e2e):
+                rows.append((c, math.inf, math.inf))
+                continue
+            # Expert coverage is set by the whole batch, so every class sees the mixture's φ.
+            d = self._class_demands(rate, mix, k, expected, c)
+            shift = (c.prompt_tokens - p) * (self.prefill_per_token or 0.0)
+            rows.append((c, d.c1 + mix.in_flight * d.c2, max(mix.ttft + shift, 0.0)))
+        return mix, rows
+
+    def _class_demands(self, rate: float, mix: Prediction, k: int, expected: float,
+                       c: LengthClass) -> Demands:
+        split = self._split(k, expected, c.output_tokens, c.prompt_tokens)
+        if self.e2e.moe is None:
+            return split.full
+        from specserve.latency.moe import routed_tokens
+
+        return split.at(self.e2e.moe.coverage(routed_tokens(mix.in_flight, k + 1)))
+
+    def configuration(self, k: int) -> Configuration | None:
+        """The measured configuration with this k (the first, if several)."""
+        return next((c for c in self.configurations if c.k == k), None)
+
+    def typical_alpha(self) -> float | None:
+        """Median i.i.d. α over the measured SD configurations: the default when none is given."""
+        alphas = sorted(c.alpha for c in self.configurations if c.alpha)
+        if not alphas:
+            return None
+        mid = len(alphas) // 2
+        return alphas[mid] if len(alphas) % 2 else 0.5 * (alphas[mid - 1] + alphas[mid])

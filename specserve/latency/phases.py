@@ -1,0 +1,77 @@
+"""TTFT and TPOT models: each a load-independent part plus a part linear in the number in flight B.
+
+    TTFT(λ) = (t1 + [k>0]·t1d) + B(λ)·(t2 + k·t2d)
+        t1: a lone request's prefill; t1d: the draft model's own prefill of the prompt;
+        t2: time each request in flight adds to a new request's first token (its decode or verify work
+        shares the step the prefill runs in); t2d: the extra per drafted token those co-residents verify.
+
+    TPOT(λ) = [(s1v + k·s1d) + B(λ)·(s2v + k·s2d)] / E
+        a cycle costs one verify pass plus k draft steps (s1v, s1d), each request in flight adds its own
+        verify and draft work to the shared step (s2v, s2d), and a cycle commits E tokens.
+
+B(λ) = λ·L(λ) comes from the E2E model (Little's law), so all three metrics share one notion of load.
+The coefficients are fitted by non-negative least squares of the measured means on the measured
+B̂ = λ·L (relative residuals).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from specserve.errors import SpecServeError
+from specserve.latency.regression import FittedCoefficients, RowSpace, nonneg_weighted_lstsq
+from specserve.latency.runs import BenchRun
+
+NAMES = {"ttft": ("t1", "t1d", "t2", "t2d"), "tpot": ("s1v", "s1d", "s2v", "s2d")}
+
+
+def base_features(metric: str, k: int, expected: float) -> np.ndarray:
+    if metric == "ttft":
+        return np.array([1.0, 1.0 if k > 0 else 0.0])
+    return np.array([1.0, k]) / expected
+
+
+def load_features(metric: str, k: int, expected: float) -> np.ndarray:
+    if metric == "ttft":
+        return np.array([1.0, float(k)])
+    return np.array([1.0, k]) / expected
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseModel:
+    metric: str  # "ttft" or "tpot"
+    coefficients: FittedCoefficients
+    base_space: RowSpace
+    load_space: RowSpace
+
+    def parts(self, k: int, expected: float, in_flight: float) -> tuple[float, float]:
+        """(load-independent seconds, seconds added by the B requests in flight)."""
+        theta = self.coefficients.vector(NAMES[self.metric])
+        base = float(base_features(self.metric, k, expected) @ theta[:2])
+        return base, float(in_flight * (load_features(self.metric, k, expected) @ theta[2:]))
+
+    def predict(self, k: int, expected: float, in_flight: float) -> float:
+        if not np.isfinite(in_flight):
+            return float("inf")  # saturated: the queue, and with it every phase, grows without bound
+        return sum(self.parts(k, expected, in_flight))
+
+    def estimable(self, k: int, expected: float) -> bool:
+        return (self.base_space.contains(base_features(self.metric, k, expected))
+                and self.load_space.contains(load_features(self.metric, k, expected)))
+
+
+def fit_phase(metric: str, runs: Sequence[BenchRun]) -> PhaseModel:
+    if metric not in NAMES:
+        raise SpecServeError(f"unknown phase metric {metric!r}")
+    if len(runs) < 2:
+        raise SpecServeError(f"need at least 2 runs to fit {metric.upper()}, got {len(runs)}")
+    observed = np.array([getattr(r, metric).mean for r in runs])
+    base = np.array([base_features(metric, r.k, r.acceptance_length) for r in runs])
+    load = np.array([load_features(metric, r.k, r.acceptance_length) for r in runs])
+    b = np.array([r.in_flight for r in runs])
+    X = np.hstack([base, b[:, None] * load])
+    theta, keep, cis = nonneg_weighted_lstsq(X, observed, 1.0 / observed)
+    coefficients = FittedCoefficients.build(NAMES[metric], theta, keep, cis, observed, X @ theta)
+    return PhaseModel(metric, coefficients, RowSpace.of(base), RowSpace.of(load))

@@ -1,0 +1,159 @@
+"""Decisions from a fitted model: best k per rate, break-even rates, the most load a latency target
+allows, and the bands of rate over which each k is best (SPEC §2.3)."""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from specserve.errors import SpecServeError
+from specserve.latency.formulas import BreakEven, break_even, expected_for
+from specserve.latency.model import LatencyModel
+
+AlphaSpec = float | Sequence[float] | None
+
+
+def acceptance_for(model: LatencyModel, k: int, alpha: AlphaSpec) -> tuple[float, str]:
+    """E for draft length k and where it came from: the given α, else the measured configuration with
+    this k, else the median α of the measured configurations."""
+    if k == 0:
+        return 1.0, "no speculation"
+    if alpha is not None:
+        return expected_for(alpha, k), "given alpha"
+    measured = model.configuration(k)
+    if measured is not None:
+        return measured.acceptance_length, f"measured ({measured.label})"
+    typical = model.typical_alpha()
+    if typical is None:
+        raise SpecServeError(f"no acceptance known for k={k}: pass --alpha")
+    return expected_for(typical, k), f"median fitted alpha {typical:.3f}"
+
+
+def _first_crossing(f, hi: float) -> float | None:
+    """Smallest rate in (0, hi) where f changes sign (f continuous until it may become inf at hi)."""
+    from scipy.optimize import brentq
+
+    previous, f_prev = 0.0, f(0.0)
+    for i in range(1, 257):
+        rate = hi * i / 257
+        value = f(rate)
+        if f_prev == 0.0:
+            return previous
+        if math.isfinite(value) and (value > 0) != (f_prev > 0):
+            return float(brentq(f, previous, rate, xtol=1e-12))
+        previous, f_prev = rate, value
+    return None
+
+
+def break_even_for(model: LatencyModel, k: int, expected: float) -> BreakEven:
+    """Closed form for dense-weight models; numeric crossing of the two latency curves for MoE, whose
+    demands move with load."""
+    dense, sd = model.demands(0, 1.0), model.demands(k, expected)
+    if model.e2e.moe is None:
+        return break_even(dense, sd)
+    hi = min(dense.saturation_rate, sd.saturation_rate)
+    gap = lambda r: model.latency(r, k, expected) - model.latency(r, 0, 1.0)  # noqa: E731
+    rate = _first_crossing(gap, hi)
+    low_wins = gap(0.0) < 0
+    if rate is None:
+        return BreakEven("sd-always-wins" if low_wins else "sd-never-wins", None, None)
+    return BreakEven("sd-wins-below" if low_wins else "sd-wins-above", rate * dense.c2, rate)
+
+
+def max_rate_within(model: LatencyModel, k: int, expected: float, target: float) -> float:
+    """Largest rate with mean E2E ≤ target (0 if a lone request already misses it)."""
+    if not target > 0:
+        raise SpecServeError(f"latency target must be > 0 s, got {target!r}")
+    if model.e2e.moe is None:
+        return model.demands(k, expected).max_rate_within(target)
+    if model.latency(0.0, k, expected) > target:
+        return 0.0
+    sat = model.demands(k, expected).saturation_rate
+    return _first_crossing(lambda r: model.latency(r, k, expected) - target, sat) or sat
+
+
+def candidate_ks(model: LatencyModel, ks: Sequence[int], alpha: AlphaSpec = None,
+                 ) -> tuple[dict[int, float], list[int]]:
+    """({k: E} for the candidates the fitted runs can speak for, the candidates left out). A k whose
+    costs the runs never separated (say c1d with a single SD configuration) would be ranked on
+    coefficients held at 0, so it is not ranked at all."""
+    supported, left_out = {}, []
+    for k in sorted(set(ks)):
+        e = acceptance_for(model, k, alpha)[0]
+        if model.estimable("e2e", k, e, model.output_tokens):
+            supported[k] = e
+        else:
+            left_out.append(k)
+    if not supported:
+        raise SpecServeError(f"the fitted runs cannot identify the latency of any candidate k ({sorted(set(ks))})")
+    return supported, left_out
+
+
+@dataclass(frozen=True, slots=True)
+class PlanRow:
+    rate: float
+    latencies: dict[int, float]  # k -> mean E2E (inf when saturated)
+    best_k: int | None  # None: every k saturates
+    dense: float | None  # plain decoding at this rate; None when the runs cannot identify it
+    meets_target: bool | None  # None without a target
+
+    @property
+    def best(self) -> float:
+        return math.inf if self.best_k is None else self.latencies[self.best_k]
+
+    @property
+    def speedup(self) -> float | None:
+        if self.best_k is None or self.dense is None:
+            return None
+        return math.inf if math.isinf(self.dense) else self.dense / self.best
+
+
+def plan(model: LatencyModel, rates: Sequence[float], ks: Sequence[int], alpha: AlphaSpec = None,
+         target: float | None = None) -> list[PlanRow]:
+    """Best k at each rate among the identifiable candidates: argmin_k L(λ; k); ties go to the shorter
+    draft, which wastes less."""
+    expected, _ = candidate_ks(model, ks, alpha)
+    dense_known = model.estimable("e2e", 0, 1.0, model.output_tokens)
+    rows = []
+    for rate in rates:
+        lat = {k: model.latency(rate, k, e) for k, e in expected.items()}
+        finite = [k for k in lat if math.isfinite(lat[k])]
+        best = min(finite, key=lambda k: (lat[k], k)) if finite else None
+        meets = None if target is None else best is not None and lat[best] <= target
+        dense = model.latency(rate, 0, 1.0) if dense_known else None
+        rows.append(PlanRow(rate, lat, best, dense, meets))
+    return rows
+
+
+def best_k_bands(model: LatencyModel, ks: Sequence[int], alpha: AlphaSpec = None,
+                 points: int = 400) -> list[tuple[int, float, float]]:
+    """[(k, from rate, to rate)]: contiguous rate ranges over which k is best, up to the highest rate any
+    candidate sustains. Found on a grid, then each boundary solved exactly where the two curves cross."""
+    from scipy.optimize import brentq
+
+    expected, _ = candidate_ks(model, ks, alpha)
+    saturation = {k: model.demands(k, e).saturation_rate for k, e in expected.items()}
+    finite = [s for s in saturation.values() if math.isfinite(s)]
+    if not finite:  # no contention measured: latency does not depend on rate, one k is best everywhere
+        return [(min(expected, key=lambda k: (model.latency(0.0, k, expected[k]), k)), 0.0, math.inf)]
+    # With a contention-free candidate among others, look past the others' saturation to see it win.
+    top = max(finite) * (2.0 if len(finite) < len(saturation) else 1.0)
+    grid = [(row.rate, row.best_k) for row in plan(model, [top * i / points for i in range(points)], ks, alpha)]
+    bands: list[list] = []
+    previous_rate = 0.0
+    for rate, k in grid:
+        if k is None:
+            break
+        if not bands or bands[-1][0] != k:
+            if bands:  # the boundary lies between the last grid rate of one band and the first of the next
+                a, b = bands[-1][0], k
+                gap = lambda r: model.latency(r, a, expected[a]) - model.latency(r, b, expected[b])  # noqa: E731
+                edge = brentq(gap, previous_rate, rate) if gap(previous_rate) * gap(rate) < 0 else rate
+                bands[-1][2] = edge
+                bands.append([k, edge, top])
+            else:
+                bands.append([k, rate, top])
+        previous_rate = rate
+    if bands:
+        bands[-1][2] = saturation[bands[-1][0]]  # the last band lasts as long as its k sustains the load
+    return [(k, lo, hi) for k, lo, hi in bands]

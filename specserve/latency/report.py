@@ -1,0 +1,136 @@
+"""`specserve latency explain`: what the fitted coefficients say, in plain language."""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from specserve.latency.fit import FitReport
+from specserve.latency.planning import best_k_bands, break_even_for, candidate_ks
+from specserve.latency.tails import EXPONENTIAL_FACTOR
+
+
+def seconds(value: float | None) -> str:
+    if value is None or math.isnan(value):
+        return "n/a"
+    if math.isinf(value):
+        return "inf (saturated)"
+    return f"{value * 1e3:.3g} ms" if value < 1 else f"{value:.3g} s"
+
+
+def percent(value: float | None) -> str:
+    return "n/a" if value is None or math.isnan(value) else ("inf" if math.isinf(value) else f"{value:.2f}%")
+
+
+def _quality(report: FitReport) -> list[str]:
+    e2e = report.model.e2e.coefficients
+    q = report.quality
+    lines = [f"Fit: pooled E2E R² = {e2e.r2:.4f}; in-sample MAPE: E2E {percent(q.get('e2e', {}).get('mape'))}, "
+             f"TTFT {percent(q.get('ttft', {}).get('mape'))}, TPOT {percent(q.get('tpot', {}).get('mape'))}."]
+    names = {"rate": "held-out rates", "configuration": "held-out configurations"}
+    for by, result in report.cross_validation.items():
+        o = result["overall"]
+        lines.append(f"Cross-validation, {names[by]}: MAPE E2E {percent(o.get('e2e', {}).get('mape'))}, "
+                     f"TTFT {percent(o.get('ttft', {}).get('mape'))}, TPOT {percent(o.get('tpot', {}).get('mape'))}.")
+    if e2e.not_identifiable:
+        lines.append("Not identifiable from these runs (held at 0): " + ", ".join(e2e.not_identifiable)
+                     + ". Predictions that need them are flagged.")
+    return lines
+
+
+def _configuration(report: FitReport, k: int, e: float, source: str) -> list[str]:
+    m = report.model
+    c = m.e2e.coefficients
+    dense, sd = m.demands(0, 1.0), m.demands(k, e)
+    c1r = sd.c1 / dense.c1
+    c2r = sd.c2 / dense.c2 if dense.c2 else (1.0 if sd.c2 == 0 else math.inf)
+    be = break_even_for(m, k, e)
+    lines = [f"k={k}, E={e:.2f} tokens per cycle ({source}): C1R = {c1r:.2f}, C2R = {c2r:.2f}."]
+    if c.not_identifiable:
+        lines.append(f"  ({', '.join(c.not_identifiable)} could not be separated from the other coefficients "
+                     "and are held at 0: read the per-term costs below with that in mind.)")
+    saved, drafted = e - 1.0, k
+    lines.append(f"  Alone, a request is {1 / c1r:.2f}x as fast as plain decoding (1/C1R): each cycle adds "
+                 f"{k} draft steps ({seconds(k * c['c1d'])}) to a verify pass ({seconds(c['c1v'])}) and "
+                 f"commits {e:.2f} tokens instead of 1.")
+    if c2r > 1:
+        lines.append(f"  Under load the speedup shrinks: each request in flight loads the shared batch with "
+                     f"{drafted} drafted tokens per cycle ({seconds(k * c['c2d'])} of everyone's step time) "
+                     f"but only {saved:.2f} are accepted, saving {seconds(saved * c['c2v'])} of decode steps; "
+                     f"so a co-resident costs {c2r:.2f}x as much as without SD (C2R > 1).")
+    else:
+        lines.append(f"  Under load SD keeps paying: the {saved:.2f} accepted tokens per cycle save more batch "
+                     f"time than the {drafted} drafted tokens cost (C2R = {c2r:.2f} <= 1).")
+    if be.regime == "sd-wins-below":
+        lines.append(f"  Break-even at {be.rate:.3g} req/s (dense load r* = {be.dense_load:.2f}): above it plain "
+                     "decoding is faster.")
+    elif be.regime == "sd-wins-above":
+        lines.append(f"  SD loses at low load and wins above {be.rate:.3g} req/s.")
+    else:
+        lines.append("  SD wins at every sustainable rate." if be.regime == "sd-always-wins"
+                     else "  SD never wins at this acceptance." if be.regime == "sd-never-wins"
+                     else "  SD and plain decoding are indistinguishable.")
+    if math.isfinite(dense.saturation_rate):
+        lines.append(f"  Saturation: {sd.saturation_rate:.3g} req/s with SD vs {dense.saturation_rate:.3g} "
+                     f"without (x{1 / c2r:.2f} = 1/C2R).")
+    else:
+        lines.append("  No contention was measured without SD (C2 = 0), so no saturation rate to compare.")
+    return lines
+
+
+def explain(report: FitReport, ks: Sequence[int] = (0, 1, 2, 3, 4, 5, 6, 7, 8),
+            alpha: float | None = None) -> str:
+    m = report.model
+    n_runs = sum(c.n_runs for c in m.configurations)
+    out = [f"Latency model from {n_runs} pre-saturation runs of {len(m.configurations)} configurations "
+           f"(mean {m.prompt_tokens:.0f} prompt / {m.output_tokens:.0f} output tokens)."]
+    if report.excluded:
+        out.append(f"Excluded {len(report.excluded)} saturated run(s):")
+        out += [f"  - {x['label']} at {x['achieved_rate']:.3g} req/s: {'; '.join(x['reasons'])}"
+                for x in report.excluded]
+    out += _quality(report)
+    dense = m.demands(0, 1.0)
+    out += ["", f"Plain decoding: C1 = {seconds(dense.c1)} (a lone request's latency), C2 = {seconds(dense.c2)} "
+            f"(added per request in flight); latency is C1/(1 - rate x C2) and saturates at "
+            f"{dense.saturation_rate:.3g} req/s."]
+    if m.e2e.moe is not None:
+        moe = m.e2e.moe
+        out.append(f"Mixture of experts ({moe.active} of {moe.experts} active): a lone decode step touches "
+                   f"{moe.coverage(1):.0%} of the experts; demands grow toward full coverage with load.")
+    sd_ks = [k for k in ks if k > 0]
+    for conf in m.configurations:
+        if conf.k > 0:
+            a = "" if conf.alpha is None else f", alpha {conf.alpha:.3f}"
+            out += [""] + _configuration(report, conf.k, conf.acceptance_length, f"measured {conf.label}{a}")
+    if sd_ks and (alpha is not None or m.typical_alpha() is not None):
+        out += ["", "Best k by rate" + (f" (alpha = {alpha})" if alpha is not None else
+                                        " (measured E where k was run, else the median fitted alpha)") + ":"]
+        bands = best_k_bands(m, list(ks), alpha)
+        left_out = candidate_ks(m, list(ks), alpha)[1]
+        if left_out:
+            out.append(f"  (not ranked, the runs cannot identify their cost: k={','.join(map(str, left_out))})")
+        for k, lo, hi in bands:
+            name = "no SD" if k == 0 else f"k={k}"
+            out.append(f"  {name}: from {lo:.3g} req/s" if math.isinf(hi) else f"  {name}: {lo:.3g} to {hi:.3g} req/s")
+        out.append("  Long drafts pay at low load, where C1 dominates; short or none near saturation, where C2 "
+                   "does. Above the last band no k sustains the rate.")
+    out += ["", *_phases(report)]
+    if report.notes:
+        out += ["", "Notes:"] + [f"  - {n}" for n in report.notes]
+    return "\n".join(out)
+
+
+def _phases(report: FitReport) -> list[str]:
+    m = report.model
+    t, s = m.ttft.coefficients, m.tpot.coefficients
+    lines = [f"TTFT: {seconds(t['t1'])} alone (+{seconds(t['t1d'])} draft prefill with SD); each request in "
+             f"flight adds {seconds(t['t2'])} (+{seconds(t['t2d'])} per drafted token).",
+             f"TPOT: a cycle takes {seconds(s['s1v'])} + {seconds(s['s1d'])} per drafted token alone; each "
+             f"request in flight adds {seconds(s['s2v'])} + {seconds(s['s2d'])} per drafted token; divided by "
+             "the E tokens a cycle commits."]
+    if m.prefill_per_token is not None:
+        lines.append(f"Prefill: {seconds(m.prefill_per_token)} per prompt token.")
+    for metric, by_q in m.tails.coefficients.items():
+        for q, c in by_q.items():
+            lines.append(f"{metric.upper()} {q} ~ {c['a']:.2f} x lone + {c['b']:.2f} x load delay "
+                         f"(an exponential delay would give {EXPONENTIAL_FACTOR[q]:.2f}); MAPE {percent(c.mape)}.")
+    return lines

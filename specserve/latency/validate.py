@@ -1,0 +1,85 @@
+"""Held-out validation tables (issue 8's acceptance test): fit on all but one rate / one configuration,
+predict the held-out runs, and report MAPE of E2E, TTFT and TPOT means (and E2E p95/p99)."""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from specserve.errors import SpecServeError
+from specserve.latency.fit import FitOptions, FitReport, fit_runs
+from specserve.latency.runs import load_runs
+
+# Mean-E2E MAPE goals from the issue: held-out rates ≤ 5%, held-out k ≤ 8%.
+GOALS = {"rate": 5.0, "configuration": 8.0}
+TITLES = {"rate": "Held-out rates (leave one rate out)", "configuration": "Held-out configurations (leave one k out)"}
+COLUMNS = (("e2e", "E2E"), ("ttft", "TTFT"), ("tpot", "TPOT"), ("e2e_p95", "E2E p95"), ("e2e_p99", "E2E p99"))
+
+
+def validate_files(paths: Sequence[str | Path], options: FitOptions | None = None,
+                   k_overrides: Mapping[str, int] | None = None,
+                   alpha_overrides: Mapping[str, float] | None = None) -> FitReport:
+    """Fit the results files and cross-validate (the report's `cross_validation` holds the tables)."""
+    options = options or FitOptions()
+    if not options.cross_validate:
+        raise SpecServeError("validation needs cross-validation enabled")
+    unusable: list[dict] = []
+    runs = load_runs(paths, k_overrides, alpha_overrides, unusable)
+    return fit_runs(runs, options, [str(p) for p in paths], unusable)
+
+
+def _cell(mape: dict, key: str) -> str:
+    value = mape.get(key, {}).get("mape")
+    if value is None:
+        return "-"
+    return "inf" if math.isinf(value) else f"{value:.2f}%"
+
+
+def rows(result: dict) -> list[list[str]]:
+    """Table rows: one per held-out group, then the overall row."""
+    out = [[g["held_out"], str(g["n"])] + [_cell(g["mape"], key) for key, _ in COLUMNS] for g in result["groups"]]
+    n = sum(g["n"] for g in result["groups"])
+    out.append(["all held-out points", str(n)] + [_cell(result["overall"], key) for key, _ in COLUMNS])
+    return out
+
+
+def goal_line(by: str, result: dict) -> str:
+    value = result["overall"].get("e2e", {}).get("mape")
+    if value is None:
+        return f"goal: mean E2E MAPE <= {GOALS[by]:g}%: not measurable (no held-out predictions)"
+    verdict = "met" if value <= GOALS[by] else "MISSED"
+    return f"goal: mean E2E MAPE <= {GOALS[by]:g}%: {verdict} ({value:.2f}%)"
+
+
+def markdown(report: FitReport) -> str:
+    """The tables as Markdown, for a README."""
+    parts = []
+    header = ["held out", "runs"] + [name + " MAPE" for _, name in COLUMNS]
+    for by, result in report.cross_validation.items():
+        parts += [f"**{TITLES[by]}**", "", "| " + " | ".join(header) + " |",
+                  "|" + "---|" * len(header)]
+        parts += ["| " + " | ".join(r) + " |" for r in rows(result)]
+        parts += ["", goal_line(by, result), ""]
+    return "\n".join(parts)
+
+
+def render(report: FitReport, console=None) -> None:
+    """Print the tables with rich (notes on held-out groups a metric could not be predicted for)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    for by, result in report.cross_validation.items():
+        table = Table(title=TITLES[by])
+        table.add_column("held out")
+        table.add_column("runs", justify="right")
+        for _, name in COLUMNS:
+            table.add_column(name + " MAPE", justify="right")
+        body = rows(result)
+        for i, row in enumerate(body):
+            table.add_row(*row, end_section=i == len(body) - 2)
+        console.print(table)
+        console.print(goal_line(by, result))
+        for g in result["groups"]:
+            if g.get("note"):
+                console.print(f"  {g['held_out']}: {g['note']}")

@@ -1,0 +1,124 @@
+"""Fitting recovers the coefficients synthetic data were drawn from, and excludes saturated runs."""
+import dataclasses
+
+import numpy as np
+import pytest
+
+from specserve.latency.acceptance import expected_tokens
+from specserve.latency.fit import FitOptions, fit_model, fit_runs
+from specserve.latency.moe import MoeExperts
+from specserve.latency.runs import load_runs
+from specserve.latency.saturation import split_saturated
+from synthetic import CONFIGS, PREFILL_PER_TOKEN, TAILS, TPOT, TRUE, TTFT, Sweep, write_sweep
+
+
+def _rel(a, b):
+    return abs(a / b - 1)
+
+
+@pytest.fixture(scope="module")
+def two_length_fit(two_length_file):
+    return fit_runs(load_runs([two_length_file]), FitOptions(cross_validate=False))
+
+
+def test_recovers_six_coefficients_within_2_percent(two_length_fit):
+    got = two_length_fit.model.e2e.coefficients
+    for name, true in dataclasses.asdict(TRUE).items():
+        assert _rel(got[name], true) < 0.02, (name, got[name], true)
+        lo, hi = got.ci95[name]
+        assert lo < got[name] < hi and hi - lo < 0.5 * true  # an interval, and an informative one
+    assert got.r2 > 0.999 and got.mape < 1.0
+    assert got.not_identifiable == ()
+
+
+def test_recovers_ttft_tpot_and_tail_coefficients(two_length_fit):
+    m = two_length_fit.model
+    for fitted, true in ((m.ttft.coefficients, TTFT), (m.tpot.coefficients, TPOT)):
+        for name, value in true.items():
+            assert _rel(fitted[name], value) < 0.02, (name, fitted[name], value)
+    for q, (a, b) in TAILS.items():
+        tail = m.tails.coefficients["e2e"][q]
+        assert _rel(tail["a"], a) < 0.03 and _rel(tail["b"], b) < 0.03
+    assert _rel(m.prefill_per_token, PREFILL_PER_TOKEN) < 0.05
+
+
+def test_saturated_runs_are_excluded_with_reasons(fitted):
+    reasons = {x["source"].rsplit(":", 1)[1]: " ".join(x["reasons"]) for x in fitted.excluded}
+    assert len(reasons) == 3
+    assert "achieved" in reasons["41"] and "grew" in reasons["41"]
+    assert "preemptions" in reasons["42"]
+    assert "failed" in reasons["43"]
+    assert sum(c.n_runs for c in fitted.model.configurations) == 40
+
+
+def test_keeping_saturated_runs_would_bias_the_fit(sweep_file):
+    runs = load_runs([sweep_file])
+    clean = fit_model(split_saturated(runs)[0]).e2e.coefficients
+    dirty = fit_model(runs).e2e.coefficients
+    assert clean.mape < 1.0
+    assert dirty.mape > 3 * clean.mape  # the exclusion is what keeps the fit honest
+
+
+def test_per_configuration_fits_match_true_demands(fitted):
+    for conf in fitted.model.configurations:
+        e = expected_tokens(dict((lab, a) for lab, _, a in CONFIGS)[conf.label], conf.k) if conf.k else 1.0
+        true = TRUE.demands(128, e, conf.k)
+        c = conf.fit.coefficients
+        assert _rel(c["C1"], true.c1) < 0.02 and _rel(c["C2"], true.c2) < 0.03, conf.label
+        assert conf.acceptance_length == pytest.approx(e)
+        if conf.k:
+            assert conf.alpha == pytest.approx(dict((lab, a) for lab, _, a in CONFIGS)[conf.label], abs=1e-6)
+            assert len(conf.alphas_by_position) == conf.k
+            assert all(abs(a - conf.alpha) < 0.1 for a in conf.alphas_by_position)
+
+
+def test_cross_validation_errors_are_small_on_model_data(fitted):
+    rate, conf = fitted.cross_validation["rate"], fitted.cross_validation["configuration"]
+    assert len(rate["groups"]) == 8 and len(conf["groups"]) == 5
+    assert rate["overall"]["e2e"]["mape"] < 1.5 and conf["overall"]["e2e"]["mape"] < 2.0
+    assert rate["overall"]["e2e"]["n"] == 40
+    # Without any plain-decoding run the draft prefill cannot be told from the target's: no TTFT there.
+    dense_row = next(g for g in conf["groups"] if g["held_out"].startswith("no-sd"))
+    assert "ttft" not in dense_row["mape"] and "TTFT" in dense_row["note"]
+    assert "e2e" in dense_row["mape"]
+
+
+def test_dense_only_data_cannot_speak_for_speculation(tmp_path):
+    path = write_sweep(tmp_path, Sweep(configs=(("no-sd", 0, None),), saturated=False, rows=False))
+    report = fit_runs(load_runs([path]), FitOptions(cross_validate=False))
+    c = report.model.e2e.coefficients
+    assert {"c1v", "c1d", "c2d"} <= set(c.not_identifiable)  # g fixed, no drafts: only C1 and C2 are known
+    dense = TRUE.dense(128)
+    m = report.model
+    assert _rel(m.demands(0, 1.0).c1, dense.c1) < 0.01 and _rel(m.demands(0, 1.0).c2, dense.c2) < 0.02
+    assert m.predict(1.0, 0, 1.0).unsupported == ()
+    assert "e2e" in m.predict(1.0, 4, 2.5).unsupported
+
+
+def test_moe_correction_fits_moe_data_better(tmp_path):
+    moe = MoeExperts(8, 64)
+    path = write_sweep(tmp_path, Sweep(configs=CONFIGS[:3], moe=moe, saturated=False, rows=False,
+                                       extra_output_tokens=(48,)))
+    runs = load_runs([path])
+    plain = fit_runs(runs, FitOptions(cross_validate=False)).model
+    corrected = fit_runs(runs, FitOptions(moe=moe, cross_validate=False)).model
+    assert corrected.e2e.coefficients.mape < 1.0
+    assert corrected.e2e.coefficients.mape < 0.5 * plain.e2e.coefficients.mape
+    # the fitted split reproduces the generating demands at lone-request and full coverage
+    share = Sweep().moe_split["share"]
+    split = corrected.e2e.split(2, expected_tokens(0.75, 2), 128)
+    true = TRUE.demands(128, expected_tokens(0.75, 2), 2)
+    assert _rel(split.full.c1, true.c1) < 0.03
+    assert _rel(split.c1u, true.c1 * (1 - share)) < 0.05
+
+
+def test_mixed_lengths_give_classes_and_consistent_mixture(tmp_path):
+    path = write_sweep(tmp_path, Sweep(configs=CONFIGS[:3], output_spread=100, saturated=False))
+    m = fit_runs(load_runs([path]), FitOptions(cross_validate=False, n_length_classes=4)).model
+    assert len(m.length_classes) == 4
+    assert sum(c.weight for c in m.length_classes) == pytest.approx(1.0)
+    mix, rows = m.predict_classes(0.8, 2, 2.0, m.length_classes)
+    lats = [lat for _, lat, _ in rows]
+    assert lats == sorted(lats)  # classes are ordered by output length, and longer takes longer
+    assert sum(c.weight * lat for c, lat, _ in rows) == pytest.approx(mix.e2e, rel=1e-9)
+    assert np.ptp(lats) > 0.5 * mix.e2e
