@@ -151,33 +151,29 @@ def break_even(dense: Demands, sd: Demands) -> BreakEven:
     return BreakEven("sd-wins-below" if d1 < 0.0 else "sd-wins-above", rate * dense.c2, rate)
 
 
+def _demands_by_k(coefs: SpecCoefficients, output_tokens: float, alpha: float | Sequence[float],
+                  ks: Iterable[int]) -> dict[int, Demands]:
+    out = {k: coefs.demands(output_tokens, 1.0 if k == 0 else expected_for(alpha, k), k) for k in sorted(set(ks))}
+    if not out:
+        raise SpecServeError("no candidate k given")
+    return out
+
+
 def best_k_at_rate(coefs: SpecCoefficients, rate: float, output_tokens: float,
                    alpha: float | Sequence[float], ks: Iterable[int]) -> tuple[int, float]:
     """argmin_k C1(k)/(1 − λ·C2(k)) over ks (SPEC §2.3); ties go to the shorter draft (less waste)."""
-    best: tuple[int, float] | None = None
-    for k in sorted(set(ks)):
-        e = 1.0 if k == 0 else expected_for(alpha, k)
-        lat = coefs.demands(output_tokens, e, k).latency(rate)
-        if best is None or lat < best[1]:
-            best = (k, lat)
-    if best is None:
-        raise SpecServeError("no candidate k given")
-    if math.isinf(best[1]):
+    latency = {k: d.latency(rate) for k, d in _demands_by_k(coefs, output_tokens, alpha, ks).items()}
+    best = min(latency, key=lambda k: (latency[k], k))
+    if math.isinf(latency[best]):
         raise SpecServeError(f"rate {rate} req/s is beyond saturation for every candidate k")
-    return best
+    return best, latency[best]
 
 
 def best_k_under_target(coefs: SpecCoefficients, target: float, output_tokens: float,
                         alpha: float | Sequence[float], ks: Iterable[int]) -> tuple[int, float]:
     """The k that sustains the highest rate with mean latency ≤ target, and that rate."""
-    best: tuple[int, float] | None = None
-    for k in sorted(set(ks)):
-        e = 1.0 if k == 0 else expected_for(alpha, k)
-        rate = coefs.demands(output_tokens, e, k).max_rate_within(target)
-        if best is None or rate > best[1]:
-            best = (k, rate)
-    if best is None:
-        raise SpecServeError("no candidate k given")
-    if best[1] == 0.0:
+    rate = {k: d.max_rate_within(target) for k, d in _demands_by_k(coefs, output_tokens, alpha, ks).items()}
+    best = max(rate, key=lambda k: (rate[k], -k))
+    if rate[best] == 0.0:
         raise SpecServeError(f"no candidate k meets a {target * 1e3:.0f} ms target even for a lone request")
-    return best
+    return best, rate[best]

@@ -168,7 +168,10 @@ def load_runs(paths: Iterable[str | Path], k_overrides: Mapping[str, int] | None
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
-                raise SpecServeError(f"{where}: not JSON ({e.msg})") from None
+                # model.json is indented JSON, so its first line is "{": say what the file is instead.
+                hint = ("; it is a latency model, not bench results" if '"specserve.latency.model/'
+                        in "".join(lines[:3]) else "")
+                raise SpecServeError(f"{where}: not JSON ({e.msg}){hint}") from None
             label = record.get("label") if isinstance(record, dict) else None
             if unusable is not None and isinstance(record, dict) and record.get("num_completed") == 0:
                 unusable.append({"label": label, "k": record.get("k"), "offered_rate": record.get("offered_rate"),

@@ -146,3 +146,21 @@ def write_sweep(directory: Path, sweep: Sweep | None = None, name: str = "result
     path = directory / name
     path.write_text("".join(json.dumps(r) + "\n" for r in lines))
     return path
+
+
+def minimal_record(**overrides) -> dict:
+    """One valid run line with round numbers, for parser and rule tests."""
+    stats = {"mean": 2.0, "median": 1.9, "p95": 3.0, "p99": 4.0}
+    record = {"schema": "specserve.bench.run/1", "run_id": "r1", "label": "k2", "k": 2, "server_config": {},
+              "offered_rate": 1.0, "achieved_rate": 1.0, "duration_s": 100.0, "num_requests": 100,
+              "num_completed": 100, "num_failed": 0, "mean_prompt_tokens": 256, "mean_output_tokens": 128,
+              "e2e_s": stats, "ttft_s": {"mean": 0.1}, "tpot_s": {"mean": 0.02}, "mean_in_flight": 2.0,
+              "in_flight_slope": 0.0, "preemptions": 0,
+              "spec": {"num_drafts": 100, "num_accepted_tokens": 150, "mean_acceptance_length": 2.5}}
+    record.update(overrides)
+    return record
+
+
+def write_records(path: Path, *records: dict) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path

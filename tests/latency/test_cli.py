@@ -1,0 +1,110 @@
+"""`specserve latency ...` end to end on a synthetic results file."""
+import json
+
+import matplotlib.image
+import pytest
+
+from specserve.cli import main
+from specserve.latency import model_file
+from specserve.latency.validate import GOALS, markdown, render
+
+
+@pytest.fixture(scope="module")
+def model_json(sweep_file, tmp_path_factory):
+    out = tmp_path_factory.mktemp("cli") / "model.json"
+    assert main(["latency", "fit", str(sweep_file), "-o", str(out)]) == 0
+    return out
+
+
+def test_fit_writes_model_and_lists_exclusions(model_json, capsys):
+    report = model_file.load(model_json)
+    assert len(report.excluded) == 3 and set(report.cross_validation) == {"rate", "configuration"}
+    assert main(["latency", "fit", str(report.sources[0]), "-o", str(model_json.with_name("m2.json")),
+                 "--no-cross-validation"]) == 0
+    out = capsys.readouterr().out
+    assert "3 excluded as saturated" in out and "preemptions" in out and "c2d" in out
+
+
+def test_predict_text_and_json(model_json, capsys):
+    assert main(["latency", "predict", str(model_json), "--rate", "1.0", "--k", "4", "--alpha", "0.8",
+                 "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    m = model_file.load(model_json).model
+    pred = m.predict(1.0, 4, 1 + 0.8 + 0.64 + 0.512 + 0.4096)
+    assert data["e2e_s"] == pytest.approx(pred.e2e) and data["tpot_s"] == pytest.approx(pred.tpot)
+    assert data["speedup"] == pytest.approx(m.latency(1.0, 0, 1.0) / pred.e2e)
+    assert data["quantiles_s"]["e2e"]["p99"] > data["e2e_s"]
+    assert main(["latency", "predict", str(model_json), "--rate", "0.5", "--k", "2",
+                 "--alphas", "0.9,0.5"]) == 0
+    out = capsys.readouterr().out
+    assert "E=2.350" in out and "break-even" in out  # 1 + 0.9 + 0.45
+    # far past saturation: inf, reported as saturated rather than a number
+    assert main(["latency", "predict", str(model_json), "--rate", "50", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["saturated"] is True and data["e2e_s"] is None
+
+
+def test_predict_length_classes(model_json, tmp_path, capsys):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"prompt_tokens": 100 + i, "output_tokens": 20 + 10 * i}) + "\n"
+                            for i in range(40)))
+    assert main(["latency", "predict", str(model_json), "--rate", "0.5", "--lengths", str(rows), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    classes = data["length_classes"]
+    assert len(classes) == 4 and sum(c["weight"] for c in classes) == pytest.approx(1.0)
+    assert [c["e2e_s"] for c in classes] == sorted(c["e2e_s"] for c in classes)
+
+
+def test_plan_and_explain(model_json, capsys):
+    assert main(["latency", "plan", str(model_json), "--rates", "0.1,0.8", "2.5", "--alpha", "0.8",
+                 "--slo-e2e-ms", "4000"]) == 0
+    out = capsys.readouterr().out
+    assert "break-even" in out and "most load within 4000 ms" in out and "MISSED" in out
+    assert main(["latency", "plan", str(model_json), "--rates", "0.1", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["rows"][0]["best_k"] >= 1 and set(data["break_even"]) == {str(k) for k in range(1, 9)}
+    assert main(["latency", "explain", str(model_json)]) == 0
+    assert "C1R" in capsys.readouterr().out
+
+
+def test_plot_writes_three_nontrivial_pngs(model_json, sweep_file, tmp_path):
+    out = tmp_path / "plots"
+    assert main(["latency", "plot", str(model_json), str(sweep_file), "-o", str(out)]) == 0
+    for name in ("collapse", "latency_vs_rate", "speedup_vs_load"):
+        path = out / f"{name}.png"
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        image = matplotlib.image.imread(path)
+        assert image.shape[0] > 300 and image.std() > 0.05  # drawn on, not a blank canvas
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["predict", "{m}", "--rate", "1", "--k", "4", "--alpha", "1.5"], "alpha must be in (0, 1]"),
+    (["predict", "{m}", "--rate", "-1"], "rate must be"),
+    (["plan", "{m}", "--rates", "1,x"], "list of numbers"),
+    (["fit", "{m}", "-o", "{m}.out"], "it is a latency model, not bench results"),
+    (["fit", "nope.jsonl", "-o", "x.json"], "cannot read results file"),
+    (["fit", "{r}", "-o", "x.json", "--moe", "8"], "ACTIVE/EXPERTS"),
+    (["fit", "{r}", "-o", "x.json", "--k", "k4"], "LABEL=VALUE"),
+])
+def test_user_errors_are_one_line(model_json, sweep_file, tmp_path, monkeypatch, capsys, argv, message):
+    monkeypatch.chdir(tmp_path)
+    argv = [a.format(m=model_json, r=sweep_file) for a in argv]
+    assert main(["latency", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1
+
+
+def test_validate_tables(fitted, sweep_file, tmp_path, capsys):
+    text = markdown(fitted)
+    assert text.count("| rate #") == 8 and "| k6 (k=6) |" in text
+    assert f"goal: mean E2E MAPE <= {GOALS['rate']:g}%: met" in text
+    assert f"goal: mean E2E MAPE <= {GOALS['configuration']:g}%: met" in text
+    from rich.console import Console
+
+    console = Console(record=True, width=140)
+    render(fitted, console)
+    shown = console.export_text()
+    assert "Held-out rates" in shown and "TTFT not predicted" in shown
+    md = tmp_path / "v.md"
+    assert main(["latency", "validate", str(sweep_file), "--markdown", str(md)]) == 0
+    assert md.read_text() == text

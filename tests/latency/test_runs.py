@@ -1,0 +1,107 @@
+"""Reading bench records and deciding which runs are saturated."""
+import pytest
+
+from specserve.errors import SpecServeError
+from specserve.latency.acceptance import expected_tokens, positional_acceptance
+from specserve.latency.runs import load_runs
+from specserve.latency.saturation import SaturationRules, saturation_reasons
+from synthetic import minimal_record, write_records
+
+
+def _run(tmp_path, **overrides):
+    return load_runs([write_records(tmp_path / "r.jsonl", minimal_record(**overrides))])[0]
+
+
+def test_reads_a_record(tmp_path):
+    run = _run(tmp_path)
+    assert (run.label, run.k, run.acceptance_length, run.achieved_rate) == ("k2", 2, 2.5, 1.0)
+    assert run.in_flight == pytest.approx(2.0)  # λ·L
+    assert run.e2e.p99 == 4.0 and run.ttft.p95 is None
+    assert run.run_key == "r1" and run.source.endswith("r.jsonl:1")
+
+
+def test_k_and_acceptance_from_other_fields(tmp_path):
+    run = _run(tmp_path, k=None, server_config={"num_speculative_tokens": 4},
+               spec={"num_drafts": 10, "num_accepted_tokens": 20})
+    assert (run.k, run.acceptance_length) == (4, 3.0)  # 1 + accepted/drafts
+    run = _run(tmp_path, k=0, spec=None)
+    assert run.acceptance_length == 1.0
+
+
+def test_missing_information_names_the_fix(tmp_path):
+    with pytest.raises(SpecServeError, match="--alpha k2=A"):
+        _run(tmp_path, spec=None)
+    with pytest.raises(SpecServeError, match="--k k2=K"):
+        _run(tmp_path, k=None)
+    path = write_records(tmp_path / "r.jsonl", minimal_record(spec=None, k=None))
+    run = load_runs([path], k_overrides={"k2": 3}, alpha_overrides={"k2": 0.5})[0]
+    assert run.acceptance_length == pytest.approx(expected_tokens(0.5, 3))
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(schema="other/1"), "schema"),
+    (dict(label=""), "label"),
+    (dict(achieved_rate=-1), "achieved_rate"),
+    (dict(e2e_s={"mean": None}), "e2e_s"),
+    (dict(spec={"mean_acceptance_length": 4.0}), r"\[1, k\+1\]"),  # E = 4 > k + 1 = 3
+])
+def test_bad_records_are_clear_errors(tmp_path, overrides, message):
+    with pytest.raises(SpecServeError, match=message):
+        _run(tmp_path, **overrides)
+
+
+def test_file_level_errors(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"schema": "specserve.bench.run/1"\n')
+    with pytest.raises(SpecServeError, match=r"bad.jsonl:1: not JSON"):
+        load_runs([bad])
+    with pytest.raises(SpecServeError, match="cannot read"):
+        load_runs([tmp_path / "missing.jsonl"])
+    two = write_records(tmp_path / "two.jsonl", minimal_record(), minimal_record(k=4))
+    with pytest.raises(SpecServeError, match="own label"):
+        load_runs([two])
+
+
+def test_runs_without_completions_are_reported_not_fitted(tmp_path):
+    path = write_records(tmp_path / "r.jsonl", minimal_record(), minimal_record(
+        num_completed=0, e2e_s={"mean": None}, mean_output_tokens=None))
+    unusable = []
+    runs = load_runs([path], unusable=unusable)
+    assert len(runs) == 1 and unusable[0]["reasons"] == ["no request completed"]
+
+
+def test_positional_acceptance_from_counts():
+    assert positional_acceptance(100, [80, 40, 10]) == pytest.approx([0.8, 0.5, 0.25])
+    assert positional_acceptance(100, [0, 0]) == [0.0, 0.0]
+    assert positional_acceptance(0, [1]) is None
+    assert positional_acceptance(100, [160, -160]) is None  # impossible counts: no positional view
+
+
+RULES = SaturationRules()
+
+
+def test_stable_run_is_kept(tmp_path):
+    assert saturation_reasons(_run(tmp_path, arrival_rate=1.02), RULES) == []
+    # offered-only comparison tolerates the Poisson noise of 100 arrivals (3/√100 = 30%)
+    assert saturation_reasons(_run(tmp_path, offered_rate=1.25), RULES) == []
+
+
+@pytest.mark.parametrize("overrides, word", [
+    (dict(arrival_rate=1.3), "arrived"),
+    (dict(offered_rate=1.6), "offered"),
+    (dict(in_flight_slope=0.05), "grew"),  # 5 requests more over 100 s, mean 2 in flight
+    (dict(preemptions=3), "preemptions"),
+    (dict(num_failed=5), "failed"),
+])
+def test_each_saturation_symptom_excludes(tmp_path, overrides, word):
+    reasons = saturation_reasons(_run(tmp_path, **overrides), RULES)
+    assert len(reasons) == 1 and word in reasons[0]
+
+
+def test_rules_validate_and_loosen(tmp_path):
+    with pytest.raises(SpecServeError):
+        SaturationRules(rate_tolerance=1.5)
+    with pytest.raises(SpecServeError):
+        SaturationRules(growth_tolerance=-1)
+    loose = SaturationRules(growth_tolerance=10.0)
+    assert saturation_reasons(_run(tmp_path, in_flight_slope=0.05), loose) == []
