@@ -16,7 +16,7 @@ from specserve.latency.lengths import LengthClass, length_classes, prefill_slope
 from specserve.latency.model import Configuration, LatencyModel
 from specserve.latency.moe import MoeExperts
 from specserve.latency.phases import fit_phase
-from specserve.latency.requests import RequestSample, load_request_sample
+from specserve.latency.requests import RequestSample, load_request_samples
 from specserve.latency.runs import BenchRun
 from specserve.latency.saturation import SaturationRules, split_saturated
 from specserve.latency.tails import TailModel, fit_tails
@@ -109,14 +109,7 @@ def fit_runs(runs: Sequence[BenchRun], options: FitOptions | None = None,
         why = "; ".join(f"{x.run.source}: {', '.join(x.reasons)}" for x in exclusions[:3])
         raise SpecServeError(f"only {len(kept)} of {len(runs)} runs are below saturation; need at least 2 "
                              f"(excluded: {why}{' ...' if len(exclusions) > 3 else ''})")
-    notes: list[str] = []
-    samples: dict[str, RequestSample] = {}
-    for run in kept:
-        sample, why = load_request_sample(run)
-        if sample is not None:
-            samples[run.source] = sample
-        elif run.requests_path:
-            notes.append(f"per-request rows unused: {why}")
+    samples, notes = load_request_samples(kept)
     model = fit_model(kept, options.moe, samples, options.n_length_classes, notes)
     if model.prefill_per_token is None:
         notes.append("prompt lengths did not vary within runs: prefill cost per token is unknown, "

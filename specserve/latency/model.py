@@ -100,7 +100,7 @@ class LatencyModel:
         check_k(k)
         g = self.output_tokens if g is None else float(g)
         p = self.prompt_tokens if p is None else float(p)
-        if k > 0 and not (1.0 <= expected <= k + 1):
+        if not (1.0 <= expected <= k + 1):  # k = 0 leaves only E = 1
             raise SpecServeError(f"tokens per cycle E={expected:g} must be in [1, k+1] for k={k}")
         means, quantiles = {}, {}
         for metric in METRICS:

@@ -6,6 +6,7 @@ distribution (length classes) and the prefill cost per prompt token.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,37 +27,57 @@ class RequestSample:
         return len(self.prompt_tokens)
 
 
-def _rows(path: Path) -> list[dict]:
-    rows = []
+def _rows_by_run(path: Path) -> dict[str | None, list[dict]]:
+    rows: dict[str | None, list[dict]] = {}
     for line in path.read_text().splitlines():
         if line.strip():
             row = json.loads(line)
             if isinstance(row, dict):
-                rows.append(row)
+                run = row.get("run")
+                rows.setdefault(None if run is None else str(run), []).append(row)
     return rows
 
 
-def load_request_sample(run: BenchRun) -> tuple[RequestSample | None, str | None]:
-    """The run's successful rows, or (None, why not). Rows are optional input, so problems are notes."""
-    if not run.requests_path:
-        return None, f"{run.source}: no requests_file"
-    try:
-        rows = _rows(Path(run.requests_path))
-    except (OSError, json.JSONDecodeError) as e:
-        return None, f"{run.source}: cannot read {run.requests_path} ({e})"
-    keys = {str(r.get("run")) for r in rows if r.get("run") is not None}
-    if run.run_key is not None:
-        rows = [r for r in rows if str(r.get("run")) == run.run_key]
-    elif len(keys) > 1:
-        # A shared side file with no way to tell which rows are this run's: using them would mix runs.
-        return None, f"{run.source}: {run.requests_path} holds several runs and the record names none"
+def _sample(rows: list[dict]) -> RequestSample | None:
     good = [r for r in rows if r.get("measured", True) and not r.get("error") and _prompt(r) is not None
             and all(isinstance(r.get(key), (int, float)) for key in ("output_tokens", "ttft_s"))]
     if not good:
-        return None, f"{run.source}: no successful request rows"
+        return None
     return RequestSample(prompt_tokens=np.array([_prompt(r) for r in good], dtype=float),
                          output_tokens=np.array([r["output_tokens"] for r in good], dtype=float),
-                         ttft=np.array([r["ttft_s"] for r in good], dtype=float)), None
+                         ttft=np.array([r["ttft_s"] for r in good], dtype=float))
+
+
+def load_request_samples(runs: Sequence[BenchRun]) -> tuple[dict[str, RequestSample], list[str]]:
+    """{run.source: its successful rows} and notes on runs whose rows could not be used. Rows are optional
+    input, so problems are notes, not errors. Each side file is read once: specserve bench shares one
+    between all runs of a results file and names the run in each row's "run" field."""
+    samples: dict[str, RequestSample] = {}
+    notes: list[str] = []
+    by_file: dict[str, list[BenchRun]] = {}
+    for run in runs:
+        if run.requests_path:
+            by_file.setdefault(run.requests_path, []).append(run)
+    for path, group in by_file.items():
+        try:
+            rows = _rows_by_run(Path(path))
+        except (OSError, json.JSONDecodeError) as e:
+            notes.append(f"per-request rows unused: cannot read {path} ({e})")
+            continue
+        for run in group:
+            if run.run_key is not None:
+                mine = rows.get(run.run_key, [])
+            elif len(rows) == 1:
+                mine = next(iter(rows.values()))
+            else:  # a shared file and no way to tell this run's rows: using them would mix runs
+                notes.append(f"per-request rows unused: {path} holds several runs and {run.source} names none")
+                continue
+            sample = _sample(mine)
+            if sample is None:
+                notes.append(f"per-request rows unused: no successful rows for {run.source} in {path}")
+            else:
+                samples[run.source] = sample
+    return samples, notes
 
 
 def _prompt(row: dict) -> float | None:

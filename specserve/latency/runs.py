@@ -46,6 +46,7 @@ class BenchRun:
     offered_rate: float | None
     achieved_rate: float
     arrival_rate: float | None  # realised arrivals per second (specserve bench writes it), if known
+    arrival_process: str | None  # "poisson", "gamma", "trace", "closed", "burst", ...
     duration_s: float
     num_requests: int
     num_completed: int
@@ -127,6 +128,8 @@ def parse_run(record: Mapping, where: str, base_dir: Path, k_override: int | Non
         label=label, k=k, acceptance_length=accept,
         offered_rate=None if offered is None else _number(record, "offered_rate", where),
         achieved_rate=achieved, arrival_rate=_optional(record, "arrival_rate"),
+        arrival_process=(record.get("arrival") or {}).get("process") if isinstance(record.get("arrival"), Mapping)
+        else None,
         duration_s=_number(record, "duration_s", where, 0.0),
         num_requests=int(_number(record, "num_requests", where, 0)),
         num_completed=int(_number(record, "num_completed", where, 0)),

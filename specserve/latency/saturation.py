@@ -1,4 +1,5 @@
-"""Which runs are past saturation and must not be fitted (SPEC §2.1: fit only pre-saturation points).
+"""Which runs are past saturation, or never in a steady state, and must not be fitted (SPEC §2.1: fit only
+pre-saturation points).
 
 A saturated run has no steady state: its mean latency depends on how long the run lasted, not on the rate,
 so a single such point can drag C2 anywhere. Every exclusion carries its reasons so the user can check them.
@@ -54,6 +55,8 @@ def rate_floor(run: BenchRun, rules: SaturationRules) -> tuple[float, str] | Non
 
 def saturation_reasons(run: BenchRun, rules: SaturationRules) -> list[str]:
     reasons = []
+    if run.arrival_process == "burst":
+        reasons.append("burst arrivals (all at once) have no steady state")
     floor = rate_floor(run, rules)
     if floor is not None and run.achieved_rate < floor[0]:
         basis = (f"requests arrived at {run.arrival_rate:.3g} req/s" if floor[1] == "arrived"

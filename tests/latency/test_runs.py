@@ -105,3 +105,29 @@ def test_rules_validate_and_loosen(tmp_path):
         SaturationRules(growth_tolerance=-1)
     loose = SaturationRules(growth_tolerance=10.0)
     assert saturation_reasons(_run(tmp_path, in_flight_slope=0.05), loose) == []
+
+
+def test_burst_runs_are_never_fitted(tmp_path):
+    reasons = saturation_reasons(_run(tmp_path, arrival={"process": "burst"}, offered_rate=None), RULES)
+    assert reasons == ["burst arrivals (all at once) have no steady state"]
+
+
+def test_shared_request_file_is_split_by_run(tmp_path):
+    import json
+
+    from specserve.latency.requests import load_request_samples
+
+    rows = [{"run": run, "id": i, "measured": i > 0, "prompt_tokens": None, "est_prompt_tokens": 100 + i,
+             "output_tokens": 10 * n, "ttft_s": 0.1, "error": None}
+            for n, run in enumerate(("a", "b"), start=1) for i in range(4)]
+    rows.append({"run": "a", "id": 9, "prompt_tokens": 5, "output_tokens": 1, "ttft_s": 1.0, "error": "timeout"})
+    (tmp_path / "r.requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    path = write_records(tmp_path / "r.jsonl",
+                         *(minimal_record(run_id=run, label=run, requests_file="r.requests.jsonl") for run in "ab"),
+                         minimal_record(run_id=None, label="c", requests_file="r.requests.jsonl"))
+    samples, notes = load_request_samples(load_runs([path]))
+    a, b = samples[f"{path}:1"], samples[f"{path}:2"]
+    # warm-up (measured false) and failed rows dropped; the client's estimate stands in for usage
+    assert list(a.prompt_tokens) == [101, 102, 103] and set(a.output_tokens) == {10}
+    assert set(b.output_tokens) == {20}
+    assert f"{path}:3" not in samples and "names none" in notes[0]
