@@ -110,9 +110,13 @@ def predict(args: argparse.Namespace) -> int:
            "break_even_rate": None if be is None else be.rate,
            "break_even_regime": None if be is None else be.regime,
            "unsupported": list(pred.unsupported)}
+    classes = None
     if args.lengths:
-        p, g = read_lengths(args.lengths)
-        mix, rows = m.predict_classes(args.rate, args.k, e, length_classes(p, g, 4))
+        classes = length_classes(*read_lengths(args.lengths), 4)
+    elif args.output_tokens is None and args.prompt_tokens is None and len(m.length_classes) > 1:
+        classes = m.length_classes  # the fitted traffic was mixed: show what each length class sees
+    if classes:
+        mix, rows = m.predict_classes(args.rate, args.k, e, classes)
         out["length_classes"] = [{"prompt_tokens": c.prompt_tokens, "output_tokens": c.output_tokens,
                                   "weight": c.weight, "e2e_s": l_, "ttft_s": t_} for c, l_, t_ in rows]
         out["mixture_e2e_s"] = mix.e2e

@@ -42,20 +42,20 @@ class FitReport:
     sources: list[str]
 
 
-def _configurations(runs: Sequence[BenchRun], moe: MoeExperts | None,
-                    notes: list[str]) -> tuple[Configuration, ...]:
+def _configurations(runs: Sequence[BenchRun], moe: MoeExperts | None, notes: list[str],
+                    fit_each: bool = True) -> tuple[Configuration, ...]:
     out = []
     for label in sorted({r.label for r in runs}, key=lambda lab: next(r.k for r in runs if r.label == lab)):
         own = [r for r in runs if r.label == label]
         k, e = own[0].k, statistics.fmean(r.acceptance_length for r in own)
-        fit = None
-        if len(own) >= 2:
+        fit = None  # cross-validation folds (fit_each false) predict from the pooled model only
+        if fit_each and len(own) < 2:
+            notes.append(f"{label}: only {len(own)} pre-saturation run, no per-configuration fit")
+        elif fit_each:
             try:
                 fit = fit_e2e(own, moe, pooled=False)
             except SpecServeError as err:
                 notes.append(f"{label}: no per-configuration fit ({err})")
-        else:
-            notes.append(f"{label}: only {len(own)} pre-saturation run, no per-configuration fit")
         counted = [r for r in own if r.accepted_per_position]
         width = max((len(r.accepted_per_position) for r in counted), default=0)
         positional = positional_acceptance(
@@ -73,8 +73,9 @@ def _configurations(runs: Sequence[BenchRun], moe: MoeExperts | None,
 
 def fit_model(runs: Sequence[BenchRun], moe: MoeExperts | None = None,
               samples: dict[str, RequestSample] | None = None, n_length_classes: int = 4,
-              notes: list[str] | None = None) -> LatencyModel:
-    """Fit every component on the given (pre-saturation) runs."""
+              notes: list[str] | None = None, per_configuration: bool = True) -> LatencyModel:
+    """Fit every component on the given (pre-saturation) runs; `per_configuration` adds each
+    configuration's own (C1, C2) fit, which predictions do not use."""
     runs, samples, notes = list(runs), samples or {}, notes if notes is not None else []
     used = [samples[r.source] for r in runs if r.source in samples]
     slope = prefill_slope([(s.prompt_tokens, s.ttft) for s in used])
@@ -86,7 +87,7 @@ def fit_model(runs: Sequence[BenchRun], moe: MoeExperts | None = None,
         e2e=fit_e2e(runs, moe), ttft=fit_phase("ttft", runs), tpot=fit_phase("tpot", runs),
         tails=TailModel({}), prompt_tokens=statistics.fmean(r.prompt_tokens for r in runs),
         output_tokens=statistics.fmean(r.output_tokens for r in runs), prefill_per_token=slope,
-        length_classes=classes, configurations=_configurations(runs, moe, notes))
+        length_classes=classes, configurations=_configurations(runs, moe, notes, per_configuration))
 
     def parts(metric: str, run: BenchRun) -> tuple[float, float]:
         return model.parts(metric, run.achieved_rate, run.k, run.acceptance_length, run.output_tokens,
@@ -118,7 +119,7 @@ def fit_runs(runs: Sequence[BenchRun], options: FitOptions | None = None,
     crossval = {}
     if options.cross_validate:
         def refit(train: list[BenchRun]) -> LatencyModel:
-            return fit_model(train, options.moe, samples, options.n_length_classes, [])
+            return fit_model(train, options.moe, samples, options.n_length_classes, [], per_configuration=False)
         for by in ("rate", "configuration"):
             if len({r.label for r in kept}) < 2 and by == "configuration":
                 continue  # nothing to hold out a configuration against

@@ -21,6 +21,10 @@ def percent(value: float | None) -> str:
     return "n/a" if value is None or math.isnan(value) else ("inf" if math.isinf(value) else f"{value:.2f}%")
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def _quality(report: FitReport) -> list[str]:
     e2e = report.model.e2e.coefficients
     q = report.quality
@@ -50,16 +54,16 @@ def _configuration(report: FitReport, k: int, e: float, source: str) -> list[str
                      "and are held at 0: read the per-term costs below with that in mind.)")
     saved, drafted = e - 1.0, k
     lines.append(f"  Alone, a request is {1 / c1r:.2f}x as fast as plain decoding (1/C1R): each cycle adds "
-                 f"{k} draft steps ({seconds(k * c['c1d'])}) to a verify pass ({seconds(c['c1v'])}) and "
+                 f"{_count(k, 'draft step')} ({seconds(k * c['c1d'])}) to a verify pass ({seconds(c['c1v'])}) and "
                  f"commits {e:.2f} tokens instead of 1.")
     if c2r > 1:
         lines.append(f"  Under load the speedup shrinks: each request in flight loads the shared batch with "
-                     f"{drafted} drafted tokens per cycle ({seconds(k * c['c2d'])} of everyone's step time) "
+                     f"{_count(drafted, 'drafted token')} per cycle ({seconds(k * c['c2d'])} of everyone's step time) "
                      f"but only {saved:.2f} are accepted, saving {seconds(saved * c['c2v'])} of decode steps; "
                      f"so a co-resident costs {c2r:.2f}x as much as without SD (C2R > 1).")
     else:
         lines.append(f"  Under load SD keeps paying: the {saved:.2f} accepted tokens per cycle save more batch "
-                     f"time than the {drafted} drafted tokens cost (C2R = {c2r:.2f} <= 1).")
+                     f"time than the {_count(drafted, 'drafted token')} cost (C2R = {c2r:.2f} <= 1).")
     if be.regime == "sd-wins-below":
         lines.append(f"  Break-even at {be.rate:.3g} req/s (dense load r* = {be.dense_load:.2f}): above it plain "
                      "decoding is faster.")
