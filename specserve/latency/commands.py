@@ -60,7 +60,7 @@ def fit(args: argparse.Namespace) -> int:
     model_file.save(report, args.output)
     m = report.model
     print(f"fitted {sum(c.n_runs for c in m.configurations)} runs of {len(m.configurations)} configurations; "
-          f"{len(report.excluded)} excluded as saturated -> {args.output}")
+          f"{len(report.excluded)} excluded (saturated or not steady) -> {args.output}")
     for x in report.excluded:
         print(f"  excluded {x['label']} @ {x['achieved_rate']:.3g} req/s: {'; '.join(x['reasons'])}")
     c = m.e2e.coefficients

@@ -64,6 +64,11 @@ def fit_demands(rate: np.ndarray, latency: np.ndarray, X: np.ndarray):
     return theta, keep, cis
 
 
+def latency_of(split: MoeDemands, rate: float, moe: MoeExperts | None, k: int) -> float:
+    """Closed form for dense-weight models; the MoE fixed point otherwise (k + 1 tokens per request)."""
+    return split.full.latency(rate) if moe is None else moe_latency(rate, split, moe, k + 1)
+
+
 def _coverage_columns(runs: Sequence[BenchRun], moe: MoeExperts, U: np.ndarray) -> np.ndarray:
     """[U, φ·U] with φ at each run's observed in-flight count: the measured load, so the fit stays
     closed-form; prediction then solves the fixed point (moe_latency)."""
@@ -96,10 +101,7 @@ class E2EModel:
         return self.split(k, expected, output_tokens).full
 
     def latency(self, rate: float, k: int, expected: float, output_tokens: float) -> float:
-        split = self.split(k, expected, output_tokens)
-        if self.moe is None:
-            return split.full.latency(rate)
-        return moe_latency(rate, split, self.moe, k + 1)
+        return latency_of(self.split(k, expected, output_tokens), rate, self.moe, k)
 
     def estimable(self, k: int, expected: float, output_tokens: float) -> bool:
         return self.space.contains(self.features(k, expected, output_tokens))

@@ -6,10 +6,10 @@ from dataclasses import dataclass, field, replace
 
 from specserve.errors import SpecServeError
 from specserve.latency.acceptance import check_k
-from specserve.latency.e2e import E2EModel
+from specserve.latency.e2e import E2EModel, latency_of
 from specserve.latency.formulas import Demands, check_rate
 from specserve.latency.lengths import LengthClass
-from specserve.latency.moe import MoeDemands
+from specserve.latency.moe import MoeDemands, routed_tokens
 from specserve.latency.phases import PhaseModel
 from specserve.latency.tails import METRICS, QUANTILES, TailModel
 
@@ -69,11 +69,7 @@ class LatencyModel:
     def latency(self, rate: float, k: int, expected: float, g: float | None = None,
                 p: float | None = None) -> float:
         split = self._split(k, expected, g or self.output_tokens, self.prompt_tokens if p is None else p)
-        if self.e2e.moe is None:
-            return split.full.latency(rate)
-        from specserve.latency.moe import moe_latency
-
-        return moe_latency(rate, split, self.e2e.moe, k + 1)
+        return latency_of(split, rate, self.e2e.moe, k)
 
     def demands(self, k: int, expected: float, g: float | None = None, p: float | None = None) -> Demands:
         return self._split(k, expected, g or self.output_tokens,
@@ -137,18 +133,15 @@ class LatencyModel:
                 rows.append((c, math.inf, math.inf))
                 continue
             # Expert coverage is set by the whole batch, so every class sees the mixture's φ.
-            d = self._class_demands(rate, mix, k, expected, c)
+            d = self._class_demands(mix, k, expected, c)
             shift = (c.prompt_tokens - p) * (self.prefill_per_token or 0.0)
             rows.append((c, d.c1 + mix.in_flight * d.c2, max(mix.ttft + shift, 0.0)))
         return mix, rows
 
-    def _class_demands(self, rate: float, mix: Prediction, k: int, expected: float,
-                       c: LengthClass) -> Demands:
+    def _class_demands(self, mix: Prediction, k: int, expected: float, c: LengthClass) -> Demands:
         split = self._split(k, expected, c.output_tokens, c.prompt_tokens)
         if self.e2e.moe is None:
             return split.full
-        from specserve.latency.moe import routed_tokens
-
         return split.at(self.e2e.moe.coverage(routed_tokens(mix.in_flight, k + 1)))
 
     def configuration(self, k: int) -> Configuration | None:

@@ -124,12 +124,12 @@ def parse_run(record: Mapping, where: str, base_dir: Path, k_override: int | Non
     requests_file = record.get("requests_file")
     preemptions = record.get("preemptions")
     run_key = record.get("run_id", record.get("run"))
+    arrival = record.get("arrival") if isinstance(record.get("arrival"), Mapping) else {}
     return BenchRun(
         label=label, k=k, acceptance_length=accept,
         offered_rate=None if offered is None else _number(record, "offered_rate", where),
         achieved_rate=achieved, arrival_rate=_optional(record, "arrival_rate"),
-        arrival_process=(record.get("arrival") or {}).get("process") if isinstance(record.get("arrival"), Mapping)
-        else None,
+        arrival_process=arrival.get("process"),
         duration_s=_number(record, "duration_s", where, 0.0),
         num_requests=int(_number(record, "num_requests", where, 0)),
         num_completed=int(_number(record, "num_completed", where, 0)),

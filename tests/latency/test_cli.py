@@ -22,7 +22,7 @@ def test_fit_writes_model_and_lists_exclusions(model_json, capsys):
     assert main(["latency", "fit", str(report.sources[0]), "-o", str(model_json.with_name("m2.json")),
                  "--no-cross-validation"]) == 0
     out = capsys.readouterr().out
-    assert "3 excluded as saturated" in out and "preemptions" in out and "c2d" in out
+    assert "3 excluded (saturated or not steady)" in out and "preemptions" in out and "c2d" in out
 
 
 def test_predict_text_and_json(model_json, capsys):
