@@ -155,7 +155,7 @@ class StreamingClient:
                 break
             now = clock()
             chunk = json.loads(payload)
-            if "error" in chunk:
+            if chunk.get("error"):
                 result.error = f"stream error: {_error_message(json.dumps(chunk))}"
                 return
             for choice in chunk.get("choices") or []:

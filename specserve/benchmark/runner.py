@@ -77,11 +77,14 @@ async def probe_server(http: httpx.AsyncClient, target: Target, opts: RunOptions
         return ServerInfo(model, max_len, None, "tokenizer")
     from specserve.benchmark.prompts import RANDOM, load_dataset
 
+    # At most about half the server's context (at a generous 2 characters per token), so it is accepted.
+    limit = min(CALIBRATION_CHARS, max_len or CALIBRATION_CHARS)
     text = ""
     for t in load_dataset(dataset if dataset != RANDOM else "spec-bench"):
-        if len(text) >= CALIBRATION_CHARS:
+        if len(text) >= limit:
             break
         text += t + "\n\n"
+    text = text[:limit]
     client = StreamingClient(http, target.base_url, model, target.endpoint, target.api_key,
                              ignore_eos=False, temperature=opts.temperature, extra_body=opts.extra_body,
                              timeout_s=opts.request_timeout_s)

@@ -59,6 +59,9 @@ def build_record(results: list[RequestResult], *, run_id: str, label: str, k: in
         "e2e_s": metrics.summarize(e2e), "ttft_s": metrics.summarize(ttft),
         "tpot_s": metrics.summarize(tpots), "itl_s": metrics.summarize(itl),
         "tokens_per_chunk": out_tokens / chunks if chunks else None,
+        # Send time minus scheduled arrival: waiting for a --max-concurrency slot, or the client itself
+        # falling behind its schedule (which would make the offered load a fiction).
+        "send_delay_s": metrics.summarize([r.sent_s - r.arrival_s for r in measured]),
         "slo": slo, "prompts": prompt_info,
         "errors": dict(Counter(r.error for r in measured if r.error).most_common(5)),
     }

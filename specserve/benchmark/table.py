@@ -29,6 +29,10 @@ def notes(record: dict) -> list[str]:
         out.append("server sent no usage: output tokens counted as streamed chunks")
     if record.get("num_failed"):
         out.append(f"{record['num_failed']} failed requests: {record.get('errors')}")
+    delay = (record.get("send_delay_s") or {}).get("p99")
+    if delay is not None and delay > 0.05 and not (record.get("arrival") or {}).get("max_concurrency"):
+        out.append(f"the client sent requests late (p99 {delay * 1000:.0f} ms after schedule): it could not "
+                   "keep up, so the offered load was lower than intended")
     b, little = record.get("mean_in_flight"), record.get("littles_law_in_flight")
     if b and little and abs(b - little) > 0.15 * max(b, little):
         out.append(f"Little's law off by more than 15 % (in flight {b:.2f} vs λ·L {little:.2f}): "

@@ -54,6 +54,7 @@ def test_poisson_run_measures_the_scripted_timing(server, tokenizer_path, tmp_pa
     assert run["mean_prompt_tokens"] == 40 and run["prompt_tokens_source"] == "server"
     assert run["mean_output_tokens"] == 6 and run["prompts"]["exact_length"]
     assert run["slo_attainment"] == 1.0
+    assert 0 <= run["send_delay_s"]["median"] < SLACK   # the client kept to the Poisson schedule
     # The fake counts one preemption per request; warm-up requests come before the first scrape.
     assert run["preemptions"] == 12
     rows = read_request_rows(results)[run["run_id"]]
@@ -90,6 +91,8 @@ def test_closed_loop_littles_law(server, tmp_path):
     assert run["arrival"]["process"] == "closed" and run["offered_rate"] is None
     assert run["mean_in_flight"] == pytest.approx(3.0, rel=0.1)
     assert run["littles_law_in_flight"] == pytest.approx(run["mean_in_flight"], rel=0.15)
+    # 15 requests queued at 0, three at a time: later ones wait for a slot, measured from their send.
+    assert run["send_delay_s"]["p90"] > 2 * TTFT and run["ttft_s"]["median"] < TTFT + SLACK
     # Each request takes about TTFT + 3·ITL; three at a time.
     assert run["achieved_rate"] == pytest.approx(3 / (TTFT + 3 * ITL), rel=0.3)
 
