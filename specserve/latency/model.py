@@ -37,7 +37,7 @@ class Prediction:
     acceptance_length: float
     output_tokens: float
     prompt_tokens: float
-    demands: Demands  # (C1, C2) of this configuration (at full expert coverage for MoE)
+    demands: Demands  # (C1, C2) of this configuration at this rate (MoE: at the coverage of its load)
     saturation_rate: float
     in_flight: float
     e2e: float
@@ -71,9 +71,21 @@ class LatencyModel:
         split = self._split(k, expected, g or self.output_tokens, self.prompt_tokens if p is None else p)
         return latency_of(split, rate, self.e2e.moe, k)
 
-    def demands(self, k: int, expected: float, g: float | None = None, p: float | None = None) -> Demands:
+    def demands(self, k: int, expected: float, g: float | None = None, p: float | None = None,
+                rate: float = 0.0) -> Demands:
+        """(C1, C2) in force at `rate`. Constant for dense-weight models; for MoE taken at the expert
+        coverage of the load predicted there (at rate 0, a lone request's), so L = C1/(1 − λ·C2) holds."""
+        split = self._split(k, expected, g or self.output_tokens, self.prompt_tokens if p is None else p)
+        moe = self.e2e.moe
+        if moe is None:
+            return split.full
+        latency = latency_of(split, rate, moe, k)
+        return split.full if math.isinf(latency) else split.at(moe.coverage(routed_tokens(rate * latency, k + 1)))
+
+    def saturation_rate(self, k: int, expected: float, g: float | None = None, p: float | None = None) -> float:
+        """1/C2, with C2 at full expert coverage for MoE (where a growing queue ends up)."""
         return self._split(k, expected, g or self.output_tokens,
-                           self.prompt_tokens if p is None else p).full
+                           self.prompt_tokens if p is None else p).full.saturation_rate
 
     def parts(self, metric: str, rate: float, k: int, expected: float, g: float | None = None,
               p: float | None = None) -> tuple[float, float]:
@@ -106,9 +118,9 @@ class LatencyModel:
                 value = self.tails.predict(metric, q, base, load)
                 if value is not None:
                     quantiles.setdefault(metric, {})[q] = value
-        demands = self.demands(k, expected, g, p)
+        demands = self.demands(k, expected, g, p, rate)
         unsupported = tuple(m for m in METRICS if not self.estimable(m, k, expected, g))
-        return Prediction(rate, k, expected, g, p, demands, demands.saturation_rate,
+        return Prediction(rate, k, expected, g, p, demands, self.saturation_rate(k, expected, g, p),
                           rate * means["e2e"], means["e2e"], means["ttft"], means["tpot"], quantiles,
                           unsupported)
 

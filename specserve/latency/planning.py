@@ -45,19 +45,20 @@ def _first_crossing(f, hi: float) -> float | None:
     return None
 
 
-def break_even_for(model: LatencyModel, k: int, expected: float) -> BreakEven:
+def break_even_for(model: LatencyModel, k: int, expected: float, g: float | None = None,
+                   p: float | None = None) -> BreakEven:
     """Closed form for dense-weight models; numeric crossing of the two latency curves for MoE, whose
-    demands move with load."""
-    dense, sd = model.demands(0, 1.0), model.demands(k, expected)
+    demands move with load (dense load then measured against full-coverage C2)."""
     if model.e2e.moe is None:
-        return break_even(dense, sd)
-    hi = min(dense.saturation_rate, sd.saturation_rate)
-    gap = lambda r: model.latency(r, k, expected) - model.latency(r, 0, 1.0)  # noqa: E731
+        return break_even(model.demands(0, 1.0, g, p), model.demands(k, expected, g, p))
+    dense_sat = model.saturation_rate(0, 1.0, g, p)
+    hi = min(dense_sat, model.saturation_rate(k, expected, g, p))
+    gap = lambda r: model.latency(r, k, expected, g, p) - model.latency(r, 0, 1.0, g, p)  # noqa: E731
     rate = _first_crossing(gap, hi)
     low_wins = gap(0.0) < 0
     if rate is None:
         return BreakEven("sd-always-wins" if low_wins else "sd-never-wins", None, None)
-    return BreakEven("sd-wins-below" if low_wins else "sd-wins-above", rate * dense.c2, rate)
+    return BreakEven("sd-wins-below" if low_wins else "sd-wins-above", rate / dense_sat, rate)
 
 
 def max_rate_within(model: LatencyModel, k: int, expected: float, target: float) -> float:
@@ -68,7 +69,7 @@ def max_rate_within(model: LatencyModel, k: int, expected: float, target: float)
         return model.demands(k, expected).max_rate_within(target)
     if model.latency(0.0, k, expected) > target:
         return 0.0
-    sat = model.demands(k, expected).saturation_rate
+    sat = model.saturation_rate(k, expected)
     return _first_crossing(lambda r: model.latency(r, k, expected) - target, sat) or sat
 
 
@@ -132,7 +133,7 @@ def best_k_bands(model: LatencyModel, ks: Sequence[int], alpha: AlphaSpec = None
     from scipy.optimize import brentq
 
     expected, _ = candidate_ks(model, ks, alpha)
-    saturation = {k: model.demands(k, e).saturation_rate for k, e in expected.items()}
+    saturation = {k: model.saturation_rate(k, e) for k, e in expected.items()}
     finite = [s for s in saturation.values() if math.isfinite(s)]
     if not finite:  # no contention measured: latency does not depend on rate, one k is best everywhere
         return [(min(expected, key=lambda k: (model.latency(0.0, k, expected[k]), k)), 0.0, math.inf)]

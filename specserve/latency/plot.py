@@ -8,6 +8,8 @@ from pathlib import Path
 import numpy as np
 
 from specserve.latency.fit import FitReport
+from specserve.latency.formulas import Demands
+from specserve.latency.moe import routed_tokens
 from specserve.latency.planning import break_even_for
 from specserve.latency.runs import BenchRun
 
@@ -18,15 +20,24 @@ def _is_excluded(report: FitReport, run: BenchRun) -> bool:
                and math.isclose(x["e2e_mean_s"], run.e2e.mean, rel_tol=1e-9) for x in report.excluded)
 
 
+def _point_demands(report: FitReport, conf, run: BenchRun) -> Demands:
+    """The configuration's own (C1, C2) (else the pooled model's); for MoE at the coverage of the run's
+    measured load, which is what puts each point on 1/(1 − x)."""
+    model = conf.fit or report.model.e2e
+    split = model.split(conf.k, conf.acceptance_length, conf.output_tokens)
+    if model.moe is None:
+        return split.full
+    return split.at(model.moe.coverage(routed_tokens(run.in_flight, conf.k + 1)))
+
+
 def _collapse(ax, report: FitReport, runs: Sequence[BenchRun]) -> None:
     x = np.linspace(0, 0.95, 200)
     ax.plot(x, 1 / (1 - x), "k-", lw=1.5, label="y = 1/(1 - x)")
     for conf in report.model.configurations:
-        d = (conf.fit.demands(conf.k, conf.acceptance_length, conf.output_tokens) if conf.fit else
-             report.model.demands(conf.k, conf.acceptance_length, conf.output_tokens, conf.prompt_tokens))
         own = [r for r in runs if r.label == conf.label and not _is_excluded(report, r)]
-        ax.plot([r.achieved_rate * d.c2 for r in own], [r.e2e.mean / d.c1 for r in own], "o", ms=4,
-                label=conf.label)
+        points = [(r.achieved_rate * d.c2, r.e2e.mean / d.c1)
+                  for r, d in ((r, _point_demands(report, conf, r)) for r in own)]
+        ax.plot([p[0] for p in points], [p[1] for p in points], "o", ms=4, label=conf.label)
     ax.set(xlabel="x = rate x C2", ylabel="y = L / C1", title="Every configuration on one curve")
     ax.legend(fontsize=7)
 
@@ -34,7 +45,7 @@ def _collapse(ax, report: FitReport, runs: Sequence[BenchRun]) -> None:
 def _latency_vs_rate(ax, report: FitReport, runs: Sequence[BenchRun]) -> None:
     m = report.model
     for conf in m.configurations:
-        sat = m.demands(conf.k, conf.acceptance_length, conf.output_tokens).saturation_rate
+        sat = m.saturation_rate(conf.k, conf.acceptance_length, conf.output_tokens)
         top = min(sat, 1.2 * conf.rate_range[1]) if math.isfinite(sat) else 1.2 * conf.rate_range[1]
         rates = np.linspace(0, 0.98 * top, 120)
         line, = ax.plot(rates, [m.latency(r, conf.k, conf.acceptance_length, conf.output_tokens,
@@ -68,10 +79,10 @@ def _measured_speedups(report: FitReport, runs: Sequence[BenchRun], conf, dense_
 
 def _speedup(ax, report: FitReport, runs: Sequence[BenchRun]) -> None:
     m = report.model
-    dense = m.demands(0, 1.0)
+    dense_c2 = 1.0 / m.saturation_rate(0, 1.0)  # at full expert coverage for MoE
     # x is the dense load λ·C2_dense; a contention-free baseline (C2 = 0) has none, so use λ itself.
-    scale = dense.c2 if dense.c2 > 0 else 1.0
-    top = 0.98 if dense.c2 > 0 else 1.2 * max(c.rate_range[1] for c in m.configurations)
+    scale = dense_c2 if dense_c2 > 0 else 1.0
+    top = 0.98 if dense_c2 > 0 else 1.2 * max(c.rate_range[1] for c in m.configurations)
     load = np.linspace(0, top, 150)
     for conf in (c for c in m.configurations if c.k > 0):
         ratio = [m.latency(x / scale, 0, 1.0) / m.latency(x / scale, conf.k, conf.acceptance_length) for x in load]
@@ -83,7 +94,7 @@ def _speedup(ax, report: FitReport, runs: Sequence[BenchRun]) -> None:
         if be.rate is not None:
             ax.axvline(be.rate * scale, color=line.get_color(), ls=":", lw=1)
     ax.axhline(1.0, color="k", lw=1)
-    ax.set(xlabel="dense load r = rate x C2_dense" if dense.c2 > 0 else "request rate (req/s)",
+    ax.set(xlabel="dense load r = rate x C2_dense" if dense_c2 > 0 else "request rate (req/s)",
            ylabel="speedup vs plain decoding",
            title="Speedup vs load (dotted: break-even)")
     if ax.get_legend_handles_labels()[0]:  # a dense-only model has no SD curve to label

@@ -41,25 +41,32 @@ def _quality(report: FitReport) -> list[str]:
     return lines
 
 
-def _configuration(report: FitReport, k: int, e: float, source: str) -> list[str]:
+def _configuration(report: FitReport, k: int, e: float, g: float, p: float, source: str) -> list[str]:
     m = report.model
     c = m.e2e.coefficients
-    dense, sd = m.demands(0, 1.0), m.demands(k, e)
+    # C1 of a lone request; C2 where a growing queue ends up (full expert coverage for MoE).
+    dense, sd = m.demands(0, 1.0, g, p), m.demands(k, e, g, p)
+    dense_sat, sd_sat = m.saturation_rate(0, 1.0, g, p), m.saturation_rate(k, e, g, p)
     c1r = sd.c1 / dense.c1
-    c2r = sd.c2 / dense.c2 if dense.c2 else (1.0 if sd.c2 == 0 else math.inf)
-    be = break_even_for(m, k, e)
-    lines = [f"k={k}, E={e:.2f} tokens per cycle ({source}): C1R = {c1r:.2f}, C2R = {c2r:.2f}."]
+    c2r = dense_sat / sd_sat if math.isfinite(dense_sat) else (1.0 if math.isinf(sd_sat) else math.inf)
+    be = break_even_for(m, k, e, g, p)
+    lines = [f"k={k}, E={e:.2f} tokens per cycle ({source}, {g:.0f} output tokens): "
+             f"C1R = {c1r:.2f}, C2R = {c2r:.2f}."]
     if c.not_identifiable:
         lines.append(f"  ({', '.join(c.not_identifiable)} could not be separated from the other coefficients "
                      "and are held at 0: read the per-term costs below with that in mind.)")
     saved, drafted = e - 1.0, k
+    # Per-term costs; with MoE the expert part at a lone request's coverage (C1) or full coverage (C2).
+    lone = m.e2e.moe.coverage(k + 1) if m.e2e.moe else 0.0
+    cost = lambda name, phi: c[name] + phi * c.values.get(name + "_s", 0.0)  # noqa: E731
     lines.append(f"  Alone, a request is {1 / c1r:.2f}x as fast as plain decoding (1/C1R): each cycle adds "
-                 f"{_count(k, 'draft step')} ({seconds(k * c['c1d'])}) to a verify pass ({seconds(c['c1v'])}) and "
-                 f"commits {e:.2f} tokens instead of 1.")
+                 f"{_count(k, 'draft step')} ({seconds(k * cost('c1d', lone))}) to a verify pass "
+                 f"({seconds(cost('c1v', lone))}) and commits {e:.2f} tokens instead of 1.")
     if c2r > 1:
         lines.append(f"  Under load the speedup shrinks: each request in flight loads the shared batch with "
-                     f"{_count(drafted, 'drafted token')} per cycle ({seconds(k * c['c2d'])} of everyone's step time) "
-                     f"but only {saved:.2f} are accepted, saving {seconds(saved * c['c2v'])} of decode steps; "
+                     f"{_count(drafted, 'drafted token')} per cycle ({seconds(k * cost('c2d', 1.0))} of everyone's "
+                     f"step time) but only {saved:.2f} are accepted, saving {seconds(saved * cost('c2v', 1.0))} of "
+                     "decode steps; "
                      f"so a co-resident costs {c2r:.2f}x as much as without SD (C2R > 1).")
     else:
         lines.append(f"  Under load SD keeps paying: the {saved:.2f} accepted tokens per cycle save more batch "
@@ -73,9 +80,8 @@ def _configuration(report: FitReport, k: int, e: float, source: str) -> list[str
         lines.append("  SD wins at every sustainable rate." if be.regime == "sd-always-wins"
                      else "  SD never wins at this acceptance." if be.regime == "sd-never-wins"
                      else "  SD and plain decoding are indistinguishable.")
-    if math.isfinite(dense.saturation_rate):
-        lines.append(f"  Saturation: {sd.saturation_rate:.3g} req/s with SD vs {dense.saturation_rate:.3g} "
-                     f"without (x{1 / c2r:.2f} = 1/C2R).")
+    if math.isfinite(dense_sat):
+        lines.append(f"  Saturation: {sd_sat:.3g} req/s with SD vs {dense_sat:.3g} without (x{1 / c2r:.2f} = 1/C2R).")
     else:
         lines.append("  No contention was measured without SD (C2 = 0), so no saturation rate to compare.")
     return lines
@@ -92,10 +98,10 @@ def explain(report: FitReport, ks: Sequence[int] = (0, 1, 2, 3, 4, 5, 6, 7, 8),
         out += [f"  - {x['label']} at {x['achieved_rate']:.3g} req/s: {'; '.join(x['reasons'])}"
                 for x in report.excluded]
     out += _quality(report)
-    dense = m.demands(0, 1.0)
-    out += ["", f"Plain decoding: C1 = {seconds(dense.c1)} (a lone request's latency), C2 = {seconds(dense.c2)} "
-            f"(added per request in flight); latency is C1/(1 - rate x C2) and saturates at "
-            f"{dense.saturation_rate:.3g} req/s."]
+    dense, sat = m.demands(0, 1.0), m.saturation_rate(0, 1.0)
+    out += ["", f"Plain decoding ({m.output_tokens:.0f} output tokens): C1 = {seconds(dense.c1)} (a lone request's "
+            f"latency), C2 = {seconds(1 / sat if sat > 0 else 0.0)} (added per request in flight); latency is "
+            f"C1/(1 - rate x C2) and saturates at {sat:.3g} req/s."]
     if m.e2e.moe is not None:
         moe = m.e2e.moe
         out.append(f"Mixture of experts ({moe.active} of {moe.experts} active): a lone decode step touches "
@@ -104,7 +110,8 @@ def explain(report: FitReport, ks: Sequence[int] = (0, 1, 2, 3, 4, 5, 6, 7, 8),
     for conf in m.configurations:
         if conf.k > 0:
             a = "" if conf.alpha is None else f", alpha {conf.alpha:.3f}"
-            out += [""] + _configuration(report, conf.k, conf.acceptance_length, f"measured {conf.label}{a}")
+            out += [""] + _configuration(report, conf.k, conf.acceptance_length, conf.output_tokens,
+                                         conf.prompt_tokens, f"measured {conf.label}{a}")
     if sd_ks and (alpha is not None or m.typical_alpha() is not None):
         out += ["", "Best k by rate" + (f" (alpha = {alpha})" if alpha is not None else
                                         " (measured E where k was run, else the median fitted alpha)") + ":"]

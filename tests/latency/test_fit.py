@@ -8,6 +8,8 @@ import pytest
 from specserve.latency.acceptance import expected_tokens
 from specserve.latency.fit import FitOptions, fit_model, fit_runs
 from specserve.latency.moe import MoeExperts
+from specserve.latency.planning import break_even_for
+from specserve.latency.report import explain
 from specserve.latency.runs import load_runs
 from specserve.latency.saturation import split_saturated
 from synthetic import CONFIGS, PREFILL_PER_TOKEN, TAILS, TPOT, TRUE, TTFT, Sweep, write_sweep
@@ -117,6 +119,17 @@ def test_moe_correction_fits_moe_data_better(tmp_path):
     true = TRUE.demands(128, expected_tokens(0.75, 2), 2)
     assert _rel(split.full.c1, true.c1) < 0.03
     assert _rel(split.c1u, true.c1 * (1 - share)) < 0.05
+    # the load-dependent demands keep L = C1/(1 − λ·C2) exact, and break-even is a true crossing
+    e = expected_tokens(0.75, 2)
+    pred = corrected.predict(3.0, 2, e)  # several requests in flight
+    assert pred.in_flight > 2
+    assert pred.e2e == pytest.approx(pred.demands.latency(3.0), rel=1e-9)
+    assert pred.demands.c1 > corrected.demands(2, e).c1  # more experts touched under load
+    be = break_even_for(corrected, 1, expected_tokens(0.75, 1))
+    assert be.rate is not None
+    assert corrected.latency(be.rate, 1, expected_tokens(0.75, 1)) == pytest.approx(
+        corrected.latency(be.rate, 0, 1.0), rel=1e-6)
+    assert "Mixture of experts (8 of 64 active)" in explain(fit_runs(runs, FitOptions(moe=moe, cross_validate=False)))
 
 
 def test_mixed_lengths_give_classes_and_consistent_mixture(tmp_path):
