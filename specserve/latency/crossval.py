@@ -1,4 +1,5 @@
-"""Prediction errors: in-sample, leave-one-rate-out (LORO) and leave-one-configuration-out (LOCO).
+"""Prediction errors: in-sample, leave-one-rate-out (LORO), leave-one-configuration-out (LOCO) and
+leave-one-k-out.
 
 A held-out point is predicted at its achieved rate with its own k, measured E and lengths — what a user
 knows before running it. Metrics the training data cannot speak for at a point's configuration
@@ -45,14 +46,18 @@ def summarize(pairs: Sequence[dict[str, tuple[float, float]]]) -> dict[str, dict
 
 
 def holdout_groups(runs: Sequence[BenchRun], by: str) -> list[tuple[str, list[int]]]:
-    """[(description, indices)]. Rates are grouped by rank within each configuration, so "the 3rd rate"
-    is held out of every configuration at once even when configurations were swept at different rates."""
+    """[(description, indices)] for `by` = "rate", "configuration" (a label: one (α, k)) or "k" (every
+    label with that k, e.g. one k swept at two traffic mixes). Rates are grouped by rank within each
+    configuration, so "the 3rd rate" is held out of every configuration at once even when configurations
+    were swept at different rates."""
     if by == "configuration":
         labels = sorted({r.label for r in runs}, key=lambda lab: (next(r.k for r in runs if r.label == lab), lab))
         return [(f"{lab} (k={next(r.k for r in runs if r.label == lab)})",
                  [i for i, r in enumerate(runs) if r.label == lab]) for lab in labels]
+    if by == "k":
+        return [(f"k={k}", [i for i, r in enumerate(runs) if r.k == k]) for k in sorted({r.k for r in runs})]
     if by != "rate":
-        raise SpecServeError(f"unknown hold-out grouping {by!r} (use 'rate' or 'configuration')")
+        raise SpecServeError(f"unknown hold-out grouping {by!r} (use 'rate', 'configuration' or 'k')")
     rank: dict[int, int] = {}
     for label in {r.label for r in runs}:
         members = sorted((i for i, r in enumerate(runs) if r.label == label),
@@ -65,6 +70,13 @@ def holdout_groups(runs: Sequence[BenchRun], by: str) -> list[tuple[str, list[in
         span = f"{lo:.3g}" if hi <= 1.02 * lo else f"{lo:.3g}-{hi:.3g}"
         groups.append((f"rate #{n} ({span} req/s)", idx))
     return groups
+
+
+def groupings(runs: Sequence[BenchRun]) -> list[str]:
+    """The hold-out groupings worth running: by rate; by configuration when there are several; by k too
+    when some k has several configurations (otherwise it is the same as by configuration)."""
+    labels, ks = {r.label for r in runs}, {r.k for r in runs}
+    return ["rate"] + (["configuration"] if len(labels) > 1 else []) + (["k"] if 1 < len(ks) < len(labels) else [])
 
 
 def cross_validate(runs: Sequence[BenchRun], by: str, fit: Callable[[list[BenchRun]], LatencyModel],

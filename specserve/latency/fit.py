@@ -10,7 +10,7 @@ import numpy as np
 
 from specserve.errors import SpecServeError
 from specserve.latency.acceptance import positional_acceptance, solve_alpha
-from specserve.latency.crossval import cross_validate, observed_predicted, summarize
+from specserve.latency.crossval import cross_validate, groupings, observed_predicted, summarize
 from specserve.latency.e2e import fit_e2e
 from specserve.latency.lengths import LengthClass, length_classes, prefill_slope
 from specserve.latency.model import Configuration, LatencyModel
@@ -38,7 +38,7 @@ class FitReport:
     excluded: list[dict]
     notes: list[str]
     quality: dict  # target -> {"mape", "n"}, in-sample through the full model
-    cross_validation: dict  # "rate" / "configuration" -> cross_validate() result
+    cross_validation: dict  # "rate" / "configuration" / "k" -> cross_validate() result
     sources: list[str]
 
 
@@ -120,8 +120,6 @@ def fit_runs(runs: Sequence[BenchRun], options: FitOptions | None = None,
     if options.cross_validate:
         def refit(train: list[BenchRun]) -> LatencyModel:
             return fit_model(train, options.moe, samples, options.n_length_classes, [], per_configuration=False)
-        for by in ("rate", "configuration"):
-            if len({r.label for r in kept}) < 2 and by == "configuration":
-                continue  # nothing to hold out a configuration against
+        for by in groupings(kept):
             crossval[by] = cross_validate(kept, by, refit)
     return FitReport(model, excluded, notes, summarize(pairs), crossval, list(sources))

@@ -30,7 +30,7 @@ def _quality(report: FitReport) -> list[str]:
     q = report.quality
     lines = [f"Fit: pooled E2E R² = {e2e.r2:.4f}; in-sample MAPE: E2E {percent(q.get('e2e', {}).get('mape'))}, "
              f"TTFT {percent(q.get('ttft', {}).get('mape'))}, TPOT {percent(q.get('tpot', {}).get('mape'))}."]
-    names = {"rate": "held-out rates", "configuration": "held-out configurations"}
+    names = {"rate": "held-out rates", "configuration": "held-out configurations", "k": "held-out k"}
     for by, result in report.cross_validation.items():
         o = result["overall"]
         lines.append(f"Cross-validation, {names[by]}: MAPE E2E {percent(o.get('e2e', {}).get('mape'))}, "

@@ -10,9 +10,12 @@ from specserve.errors import SpecServeError
 from specserve.latency.fit import FitOptions, FitReport, fit_runs
 from specserve.latency.runs import load_runs
 
-# Mean-E2E MAPE goals from the issue: held-out rates ≤ 5%, held-out k ≤ 8%.
-GOALS = {"rate": 5.0, "configuration": 8.0}
-TITLES = {"rate": "Held-out rates (leave one rate out)", "configuration": "Held-out configurations (leave one k out)"}
+# Mean-E2E MAPE goals from the issue: held-out rates ≤ 5%, held-out k ≤ 8% (a configuration is one
+# (α, k); held out alone it is at least as hard as its k, whose other configurations stay in training).
+GOALS = {"rate": 5.0, "configuration": 8.0, "k": 8.0}
+TITLES = {"rate": "Held-out rates (leave one rate out)",
+          "configuration": "Held-out configurations (leave one (alpha, k) out)",
+          "k": "Held-out k (every configuration with that k left out)"}
 COLUMNS = (("e2e", "E2E"), ("ttft", "TTFT"), ("tpot", "TPOT"), ("e2e_p95", "E2E p95"), ("e2e_p99", "E2E p99"))
 
 

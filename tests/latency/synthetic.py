@@ -81,7 +81,8 @@ def _record(sweep, rng, label, k, alpha, e, rate, scale=1.0, e2e=None, g=None, *
         "ttft_s": _stats((ttft_base + ttft_load) * noise(), ttft_base, ttft_load, rng, sweep.noise),
         "tpot_s": _stats((tpot_base + tpot_load) * noise(), tpot_base, tpot_load, rng, sweep.noise),
         "itl_s": {"mean": tpot_base}, "mean_in_flight": b, "littles_law_in_flight": b,
-        "in_flight_slope": 0.001 * rng.standard_normal(), "preemptions": 0,
+        # a stable queue: the fitted trend over the run moves the count by a fraction of a request
+        "in_flight_slope": 0.2 * rng.standard_normal() * rate / n, "preemptions": 0,
         "spec": None if k == 0 else {
             "num_drafts": 1000, "num_draft_tokens": 1000 * k, "num_accepted_tokens": round(1000 * (e - 1)),
             "acceptance_rate": (e - 1) / k, "mean_acceptance_length": e,

@@ -142,3 +142,12 @@ def test_mixed_lengths_give_classes_and_consistent_mixture(tmp_path):
     assert lats == sorted(lats)  # classes are ordered by output length, and longer takes longer
     assert sum(c.weight * lat for c, lat, _ in rows) == pytest.approx(mix.e2e, rel=1e-9)
     assert np.ptp(lats) > 0.5 * mix.e2e
+
+
+def test_leave_one_k_out_holds_out_every_configuration_with_that_k(two_length_file):
+    report = fit_runs(load_runs([two_length_file]))
+    assert set(report.cross_validation) == {"rate", "configuration", "k"}
+    by_k = report.cross_validation["k"]
+    assert [g["held_out"] for g in by_k["groups"]] == ["k=0", "k=1", "k=2", "k=4", "k=6"]
+    assert all(g["n"] == 14 for g in by_k["groups"])  # 7 rates x 2 output lengths
+    assert by_k["overall"]["e2e"]["mape"] < 3.0
