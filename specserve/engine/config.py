@@ -17,6 +17,7 @@ class EngineConfig:
     max_model_len: int | None = None  # default: the model's context, capped at 4096
     block_size: int = 16
     kv_cache_memory: float = 1.0  # GiB when >= 1, else a fraction of free memory
+    num_kv_blocks: int | None = None  # exact number of KV blocks, overriding kv_cache_memory
     num_threads: int | None = None  # torch intra-op threads; None keeps torch's default
     seed: int = 0
     speculative_config: SpeculativeConfig | dict | str | None = None

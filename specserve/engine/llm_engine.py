@@ -45,11 +45,11 @@ class LLMEngine:
             per_block += kv_bytes_per_block(draft.model, config.block_size, draft.model.embed_tokens.weight.dtype)
         budget = (config.kv_cache_memory * GiB if config.kv_cache_memory >= 1
                   else config.kv_cache_memory * available_memory_bytes(device))
-        num_blocks = int(budget // per_block)
+        num_blocks = config.num_kv_blocks or int(budget // per_block)
         k = spec.num_speculative_tokens if spec else 0
         needed = -(-(self.max_model_len + k) // config.block_size)
         if num_blocks < needed:
-            raise SpecServeError(f"KV cache budget of {budget / GiB:.3f} GiB holds {num_blocks * config.block_size} "
+            raise SpecServeError(f"the KV cache ({num_blocks * per_block / GiB:.3f} GiB) holds {num_blocks * config.block_size} "
                                  f"tokens, fewer than max_model_len {self.max_model_len} + {k}; "
                                  "raise --kv-cache-memory or lower --max-model-len")
         self.runner = ModelRunner(target.model, num_blocks, config.block_size)
@@ -64,23 +64,29 @@ class LLMEngine:
         self.last_stats = StepStats()
 
     # ---- requests -------------------------------------------------------------------------------
-    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
-                    request_id: str | None = None, arrival_time: float | None = None) -> str:
-        params = params or SamplingParams()
-        request_id = request_id if request_id is not None else str(next(self._ids))
-        if request_id in self.requests:
-            raise InvalidRequestError(f"request id {request_id!r} is already in use")
+    def prepare(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
+        """Tokenize and validate a request without touching engine state (safe from any thread)."""
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not ids:
             raise InvalidRequestError("the prompt is empty")
         vocab = self.model_config.vocab_size
-        if any(not 0 <= t < vocab for t in ids):
-            raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})")
+        if any(not isinstance(t, int) or not 0 <= t < vocab for t in ids):
+            raise InvalidRequestError(f"prompt token ids must be integers in [0, {vocab})")
         if len(ids) + params.max_tokens > self.max_model_len:
             raise InvalidRequestError(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
                 f"{len(ids) + params.max_tokens} tokens ({len(ids)} in the prompt, {params.max_tokens} for the "
                 "completion). Please reduce the length of the prompt or max_tokens.")
+        return ids
+
+    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
+                    request_id: str | None = None, arrival_time: float | None = None,
+                    prompt_token_ids: list[int] | None = None) -> str:
+        params = params or SamplingParams()
+        request_id = request_id if request_id is not None else str(next(self._ids))
+        if request_id in self.requests:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use")
+        ids = prompt_token_ids if prompt_token_ids is not None else self.prepare(prompt, params)
         seq = Sequence(request_id, ids, params, self.tokenizer.eos_token_ids,
                        prompt if isinstance(prompt, str) else None, arrival_time)
         self.requests[request_id] = seq

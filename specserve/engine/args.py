@@ -1,0 +1,33 @@
+"""Engine flags shared by `specserve generate` and `specserve serve` (vLLM's names)."""
+from __future__ import annotations
+
+import argparse
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("engine")
+    g.add_argument("--model", default="smollm2-135m", help="HF directory, .gguf file or alias (default: smollm2-135m)")
+    g.add_argument("--speculative-config", default=None,
+                   help='JSON, e.g. \'{"model": "default", "num_speculative_tokens": 4}\' or '
+                        '\'{"method": "ngram", "num_speculative_tokens": 4}\'')
+    g.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
+    g.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    g.add_argument("--max-num-seqs", type=int, default=64)
+    g.add_argument("--max-num-batched-tokens", type=int, default=512)
+    g.add_argument("--max-model-len", type=int, default=None)
+    g.add_argument("--block-size", type=int, default=16)
+    g.add_argument("--kv-cache-memory", type=float, default=1.0, help="GiB (>= 1) or fraction of free memory (< 1)")
+    g.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    g.add_argument("--seed", type=int, default=0)
+
+
+def engine_config_from_args(args):
+    import torch
+
+    from specserve.engine.config import EngineConfig
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    return EngineConfig(model=args.model, dtype=args.dtype, device=device, max_num_seqs=args.max_num_seqs,
+                        max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
+                        block_size=args.block_size, kv_cache_memory=args.kv_cache_memory,
+                        num_threads=args.num_threads, seed=args.seed,
+                        speculative_config=args.speculative_config)

@@ -1,0 +1,129 @@
+"""AsyncLLMEngine: the engine's step loop on a background thread, one async output stream per request.
+
+torch releases the GIL inside its kernels, so the asyncio loop (HTTP handling, streaming) stays
+responsive while a step runs. All engine state is touched only by the step thread; callers talk to it
+through a command queue, and outputs come back through `loop.call_soon_threadsafe`.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+import time
+from typing import AsyncIterator, Callable
+
+from specserve.engine.config import EngineConfig
+from specserve.engine.llm_engine import LLMEngine
+from specserve.engine.outputs import RequestOutput, StepStats
+from specserve.engine.sampling_params import SamplingParams
+
+log = logging.getLogger("specserve.engine")
+
+
+class EngineDeadError(RuntimeError):
+    pass
+
+
+class AsyncLLMEngine:
+    def __init__(self, config: EngineConfig | None = None, engine: LLMEngine | None = None):
+        self.engine = engine or LLMEngine(config or EngineConfig())
+        self.tokenizer = self.engine.tokenizer
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._ids = itertools.count()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self.step_listeners: list[Callable[[StepStats], None]] = []  # called on the step thread
+        self.output_listeners: list[Callable[[RequestOutput], None]] = []
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="specserve-engine", daemon=True)
+            self._thread.start()
+
+    def shutdown(self) -> None:
+        self._stop = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+
+    @property
+    def num_requests(self) -> int:
+        return len(self._streams)
+
+    # ---- requests -------------------------------------------------------------------------------
+    async def generate(self, prompt: str | list[int], params: SamplingParams,
+                       request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+        """Yields outputs as tokens are committed; the last one has `finished=True`. Closing or
+        cancelling the iterator aborts the request and frees its KV cache."""
+        self.start()
+        request_id = request_id or f"req-{next(self._ids)}"
+        ids = self.engine.prepare(prompt, params)  # raises InvalidRequestError here, in the caller
+        stream: asyncio.Queue = asyncio.Queue()
+        self._streams[request_id] = (asyncio.get_running_loop(), stream)
+        self._commands.put(("add", (prompt, params, request_id, time.monotonic(), ids)))
+        self._wake.set()
+        finished = False
+        try:
+            while True:
+                out = await stream.get()
+                if isinstance(out, BaseException):
+                    raise out
+                finished = out.finished
+                yield out
+                if finished:
+                    return
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        self._commands.put(("abort", request_id))
+        self._wake.set()
+
+    # ---- the step thread ------------------------------------------------------------------------
+    def _loop(self) -> None:
+        engine = self.engine
+        while not self._stop:
+            while True:
+                try:
+                    kind, arg = self._commands.get_nowait()
+                except queue.Empty:
+                    break
+                if kind == "add":
+                    prompt, params, rid, arrival, ids = arg
+                    if rid in self._streams:  # not already cancelled by its caller
+                        engine.add_request(prompt, params, rid, arrival, prompt_token_ids=ids)
+                else:
+                    engine.abort(arg)
+            if not engine.has_unfinished():
+                self._wake.wait(timeout=0.5)
+                self._wake.clear()
+                continue
+            try:
+                outputs = engine.step()
+            except Exception as e:  # a bug must not hang clients: fail what is in flight, keep serving
+                log.exception("engine step failed")
+                for rid in list(engine.requests):
+                    engine.abort(rid)
+                    self._deliver(rid, EngineDeadError(f"engine step failed: {e}"))
+                engine.step()  # flush the aborts
+                continue
+            for listener in self.step_listeners:
+                listener(engine.last_stats)
+            for out in outputs:
+                for listener in self.output_listeners:
+                    listener(out)
+                self._deliver(out.request_id, out)
+
+    def _deliver(self, request_id: str, item) -> None:
+        target = self._streams.get(request_id)
+        if target is not None:
+            loop, stream = target
+            loop.call_soon_threadsafe(stream.put_nowait, item)

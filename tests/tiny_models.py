@@ -1,0 +1,56 @@
+"""Tiny random Llama models saved as real Hugging Face directories (config, safetensors, tokenizer.json),
+so engine and speculative-decoding tests run the full loading path in milliseconds."""
+import json
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+from specserve.model.config import ModelConfig
+from specserve.model.llama import LlamaModel
+from specserve.model.weights import hf_state_dict, save_hf_weights
+
+EOS = "</s>"
+
+
+def byte_tokenizer() -> Tokenizer:
+    """Byte-level BPE with 256 byte tokens, 2 merges, 2 specials: 260 tokens (ids 258 <s>, 259 </s>)."""
+    from tests.model.gguf_fixtures import MERGES, TOKENS
+    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(TOKENS)},
+                               merges=[tuple(m.split(" ")) for m in MERGES]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<s>", EOS])
+    return tok
+
+
+def make_tiny_model(path: Path, seed: int, hidden: int = 64, layers: int = 2, heads: int = 4, kv_heads: int = 2,
+                    head_scale: float = 1.0, draft_vocab: list[int] | None = None, noise: float = 0.0,
+                    noise_seed: int = 0) -> Path:
+    """`noise` > 0: the same weights as `seed` plus Gaussian noise, i.e. a draft that often agrees."""
+    path.mkdir(parents=True, exist_ok=True)
+    cfg = ModelConfig(vocab_size=260, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=1024,
+                      tie_word_embeddings=False, eos_token_id=[259], bos_token_id=258,
+                      draft_vocab_size=len(draft_vocab) if draft_vocab else None)
+    torch.manual_seed(seed)
+    model = LlamaModel(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" not in name:
+                torch.nn.init.normal_(p, std=0.5 if "embed" in name else 1 / hidden ** 0.5)
+        model.lm_head.weight.mul_(head_scale)  # larger -> peakier next-token distributions
+        if noise:
+            g = torch.Generator().manual_seed(noise_seed)
+            for p in model.parameters():
+                p.add_(torch.randn(p.shape, generator=g) * noise * p.std())
+    save_hf_weights(hf_state_dict(model), path)
+    (path / "config.json").write_text(json.dumps(cfg.to_hf()))
+    byte_tokenizer().save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({
+        "eos_token": EOS, "bos_token": "<s>",
+        "chat_template": "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                         "{% if add_generation_prompt %}<s>assistant: {% endif %}"}))
+    if draft_vocab:
+        (path / "vocab_map.json").write_text(json.dumps(draft_vocab))
+    return path
