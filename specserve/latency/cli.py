@@ -28,8 +28,8 @@ def _fit_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--moe", metavar="ACTIVE/EXPERTS", help="fit the MoE coverage correction, e.g. 8/128")
     p.add_argument("--rate-tolerance", type=float, default=0.10,
                    help="exclude runs whose achieved rate falls this fraction short of offered (default 0.10)")
-    p.add_argument("--growth-tolerance", type=float, default=0.5,
-                   help="exclude runs whose in-flight count grew by this fraction of its mean (default 0.5)")
+    p.add_argument("--growth-tolerance", type=float, default=1.0,
+                   help="exclude runs whose in-flight count grew by this fraction of its mean (default 1.0)")
     p.add_argument("--length-classes", type=int, default=4, help="length classes for mixed traffic (default 4)")
 
 

@@ -1,9 +1,11 @@
-"""TTFT and TPOT models: each a load-independent part plus a part linear in the number in flight B.
+"""TTFT and TPOT models: each a load-independent part plus a part that grows with the number in flight B.
 
-    TTFT(λ) = (t1 + [k>0]·t1d) + B(λ)·(t2 + k·t2d)
+    TTFT(λ) = (t1 + [k>0]·t1d) + (1 − e^(−B))·(tb + k·tb_d) + B(λ)·(t2 + k·t2d)
         t1: a lone request's prefill; t1d: the draft model's own prefill of the prompt;
-        t2: time each request in flight adds to a new request's first token (its decode or verify work
-        shares the step the prefill runs in); t2d: the extra per drafted token those co-residents verify.
+        tb, tb_d: the fixed cost of the running batch's step (one verify pass, k draft passes) that a new
+        prompt waits for or shares whenever anyone is decoding — with independent Poisson arrivals the
+        batch is non-empty with probability 1 − e^(−B);
+        t2: time each request in flight adds to that step; t2d: the extra per token it drafts.
 
     TPOT(λ) = [(s1v + k·s1d) + B(λ)·(s2v + k·s2d)] / E
         a cycle costs one verify pass plus k draft steps (s1v, s1d), each request in flight adds its own
@@ -24,7 +26,7 @@ from specserve.errors import SpecServeError
 from specserve.latency.regression import FittedCoefficients, RowSpace, nonneg_weighted_lstsq
 from specserve.latency.runs import BenchRun
 
-NAMES = {"ttft": ("t1", "t1d", "t2", "t2d"), "tpot": ("s1v", "s1d", "s2v", "s2d")}
+NAMES = {"ttft": ("t1", "t1d", "tb", "tb_d", "t2", "t2d"), "tpot": ("s1v", "s1d", "s2v", "s2d")}
 
 
 def base_features(metric: str, k: int, expected: float) -> np.ndarray:
@@ -33,10 +35,16 @@ def base_features(metric: str, k: int, expected: float) -> np.ndarray:
     return np.array([1.0, k]) / expected
 
 
-def load_features(metric: str, k: int, expected: float) -> np.ndarray:
+def load_shape(metric: str, k: int, expected: float) -> np.ndarray:
+    """How a configuration scales each load term: (1, k) for TTFT, (1, k)/E for TPOT."""
+    return np.array([1.0, float(k)]) if metric == "ttft" else np.array([1.0, k]) / expected
+
+
+def load_features(metric: str, k: int, expected: float, in_flight: float) -> np.ndarray:
+    shape = load_shape(metric, k, expected)
     if metric == "ttft":
-        return np.array([1.0, float(k)])
-    return np.array([1.0, k]) / expected
+        return np.concatenate([-np.expm1(-in_flight) * shape, in_flight * shape])
+    return in_flight * shape
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +58,7 @@ class PhaseModel:
         """(load-independent seconds, seconds added by the B requests in flight)."""
         theta = self.coefficients.vector(NAMES[self.metric])
         base = float(base_features(self.metric, k, expected) @ theta[:2])
-        return base, float(in_flight * (load_features(self.metric, k, expected) @ theta[2:]))
+        return base, float(load_features(self.metric, k, expected, in_flight) @ theta[2:])
 
     def predict(self, k: int, expected: float, in_flight: float) -> float:
         if not np.isfinite(in_flight):
@@ -59,7 +67,7 @@ class PhaseModel:
 
     def estimable(self, k: int, expected: float) -> bool:
         return (self.base_space.contains(base_features(self.metric, k, expected))
-                and self.load_space.contains(load_features(self.metric, k, expected)))
+                and self.load_space.contains(load_shape(self.metric, k, expected)))
 
 
 def fit_phase(metric: str, runs: Sequence[BenchRun]) -> PhaseModel:
@@ -69,9 +77,9 @@ def fit_phase(metric: str, runs: Sequence[BenchRun]) -> PhaseModel:
         raise SpecServeError(f"need at least 2 runs to fit {metric.upper()}, got {len(runs)}")
     observed = np.array([getattr(r, metric).mean for r in runs])
     base = np.array([base_features(metric, r.k, r.acceptance_length) for r in runs])
-    load = np.array([load_features(metric, r.k, r.acceptance_length) for r in runs])
-    b = np.array([r.in_flight for r in runs])
-    X = np.hstack([base, b[:, None] * load])
+    shape = np.array([load_shape(metric, r.k, r.acceptance_length) for r in runs])
+    load = np.array([load_features(metric, r.k, r.acceptance_length, r.in_flight) for r in runs])
+    X = np.hstack([base, load])
     theta, keep, cis = nonneg_weighted_lstsq(X, observed, 1.0 / observed)
     coefficients = FittedCoefficients.build(NAMES[metric], theta, keep, cis, observed, X @ theta)
-    return PhaseModel(metric, coefficients, RowSpace.of(base), RowSpace.of(load))
+    return PhaseModel(metric, coefficients, RowSpace.of(base), RowSpace.of(shape))

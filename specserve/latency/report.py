@@ -133,8 +133,9 @@ def explain(report: FitReport, ks: Sequence[int] = (0, 1, 2, 3, 4, 5, 6, 7, 8),
 def _phases(report: FitReport) -> list[str]:
     m = report.model
     t, s = m.ttft.coefficients, m.tpot.coefficients
-    lines = [f"TTFT: {seconds(t['t1'])} alone (+{seconds(t['t1d'])} draft prefill with SD); each request in "
-             f"flight adds {seconds(t['t2'])} (+{seconds(t['t2d'])} per drafted token).",
+    lines = [f"TTFT: {seconds(t['t1'])} alone (+{seconds(t['t1d'])} draft prefill with SD); once others are "
+             f"decoding, the running step's fixed cost adds up to {seconds(t['tb'])} (+{seconds(t['tb_d'])} per "
+             f"drafted token), and each request in flight {seconds(t['t2'])} (+{seconds(t['t2d'])} per drafted token).",
              f"TPOT: a cycle takes {seconds(s['s1v'])} + {seconds(s['s1d'])} per drafted token alone; each "
              f"request in flight adds {seconds(s['s2v'])} + {seconds(s['s2d'])} per drafted token; divided by "
              "the E tokens a cycle commits."]

@@ -18,8 +18,11 @@ from specserve.latency.runs import BenchRun
 class SaturationRules:
     """Thresholds; defaults are loose enough for Poisson noise in runs of a few hundred requests."""
 
-    rate_tolerance: float = 0.10  # achieved may fall this fraction short of the drain-corrected offered rate
-    growth_tolerance: float = 0.5  # in-flight growth over the run, as a fraction of the mean in flight ...
+    rate_tolerance: float = 0.10  # achieved may fall this fraction short of the arrival (or offered) rate
+    # The trend of a stable queue over a few hundred requests is noisy: near half load its growth over the
+    # run is often ±40% of the mean in flight, because the count drifts slowly. Only growth beyond the mean
+    # itself (the count at least doubling along the trend) is taken as a queue that does not drain ...
+    growth_tolerance: float = 1.0
     min_growth: float = 2.0  # ... and at least this many requests (small queues fluctuate by a few)
     max_failed_fraction: float = 0.01
 
@@ -44,13 +47,20 @@ def rate_floor(run: BenchRun, rules: SaturationRules) -> tuple[float, str] | Non
     Below saturation departures follow arrivals, so the achieved rate matches the realised arrival rate
     (specserve bench writes it). Without it, compare with the offered rate, widening the tolerance by the
     Poisson noise of n arrivals (3/√n) so that an unlucky draw is not mistaken for saturation.
+
+    The achieved rate divides completions by the span from first to last *completion*, which exceeds the
+    span of arrivals by up to the longest latency (a long request arriving late finishes last). With
+    mixed lengths in a short run that alone reads as a shortfall of several percent, so the floor is
+    scaled by span/(span + p99 latency).
     """
+    span = run.duration_s
+    drain = span / (span + run.e2e.p99) if span > 0 and run.e2e.p99 is not None else 1.0
     if run.arrival_rate is not None and run.arrival_rate > 0:
-        return run.arrival_rate * (1 - rules.rate_tolerance), "arrived"
+        return run.arrival_rate * (1 - rules.rate_tolerance) * drain, "arrived"
     if run.offered_rate is None or run.offered_rate <= 0:
         return None
     noise = 3 / math.sqrt(run.num_completed) if run.num_completed > 0 else 0.0
-    return run.offered_rate * (1 - min(max(rules.rate_tolerance, noise), 0.9)), "offered"
+    return run.offered_rate * (1 - min(max(rules.rate_tolerance, noise), 0.9)) * drain, "offered"
 
 
 def saturation_reasons(run: BenchRun, rules: SaturationRules) -> list[str]:

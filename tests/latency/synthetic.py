@@ -18,7 +18,7 @@ from specserve.latency.formulas import SpecCoefficients
 from specserve.latency.moe import MoeDemands, MoeExperts, moe_latency
 
 TRUE = SpecCoefficients(c1p=0.3, c1v=0.02, c1d=0.004, c2p=0.05, c2v=0.002, c2d=0.002)
-TTFT = {"t1": 0.05, "t1d": 0.012, "t2": 0.004, "t2d": 0.002}
+TTFT = {"t1": 0.05, "t1d": 0.012, "tb": 0.015, "tb_d": 0.003, "t2": 0.004, "t2d": 0.002}
 TPOT = {"s1v": 0.02, "s1d": 0.004, "s2v": 0.002, "s2d": 0.002}
 TAILS = {"p95": (1.15, 2.6), "p99": (1.3, 4.0)}  # (a, b): base and load multipliers
 PREFILL_PER_TOKEN = 2e-4
@@ -67,7 +67,7 @@ def _record(sweep, rng, label, k, alpha, e, rate, scale=1.0, e2e=None, g=None, *
     e2e = e2e or _latency(sweep, rate, k, e, g) * scale
     b = rate * e2e
     ttft_base = TTFT["t1"] + (TTFT["t1d"] if k else 0.0)
-    ttft_load = b * (TTFT["t2"] + k * TTFT["t2d"])
+    ttft_load = (1 - np.exp(-b)) * (TTFT["tb"] + k * TTFT["tb_d"]) + b * (TTFT["t2"] + k * TTFT["t2d"])
     tpot_base = (TPOT["s1v"] + k * TPOT["s1d"]) / e
     tpot_load = b * (TPOT["s2v"] + k * TPOT["s2d"]) / e
     offered = rate  # below saturation the achieved rate is the arrival rate (schema v1)
