@@ -34,6 +34,9 @@ class ModelConfig:
     # Reduced-vocabulary drafts predict only these target token ids (row r of the head = target id
     # draft_vocab[r]); None means the head covers the whole vocabulary.
     draft_vocab_size: int | None = None
+    # Small drafts keep the full input vocabulary in a low-rank table (vocab x rank, then rank -> hidden):
+    # a full-width embedding alone would be most of a draft's size. None: the usual vocab x hidden table.
+    embedding_rank: int | None = None
 
     def __post_init__(self):
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -88,6 +91,7 @@ class ModelConfig:
                 bos_token_id=d.get("bos_token_id"),
                 eos_token_id=d.get("eos_token_id") or [],
                 draft_vocab_size=d.get("draft_vocab_size"),
+                embedding_rank=d.get("embedding_rank"),
             )
         except KeyError as e:
             raise ModelLoadError(f"config.json is missing required field {e.args[0]!r}") from None
@@ -100,8 +104,9 @@ class ModelConfig:
         d["model_type"] = SUPPORTED_ARCHITECTURES[arch]
         d["hidden_act"] = "silu"
         d["eos_token_id"] = self.eos_token_id[0] if len(self.eos_token_id) == 1 else self.eos_token_id
-        if d["draft_vocab_size"] is None:
-            del d["draft_vocab_size"]
+        for key in ("draft_vocab_size", "embedding_rank"):
+            if d[key] is None:
+                del d[key]
         if self.sliding_window is None:
             d.pop("sliding_window")
         return d

@@ -46,7 +46,7 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
-        """x: [T, hidden]; kv: [2, num_blocks, block_size, Hkv, D] (this layer's cache)."""
+        """x: [T, hidden]; kv: [2, num_blocks, Hkv, block_size, D] (this layer's cache)."""
         h = self.input_layernorm(x)
         q, k, v = self.qkv_proj(h).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = apply_rope(q.view(-1, self.num_heads, self.head_dim), cos, sin)
@@ -61,14 +61,16 @@ class LlamaModel(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        rank = config.embedding_rank
+        self.embed_tokens = nn.Embedding(config.vocab_size, rank or config.hidden_size)
+        self.embed_proj = nn.Linear(rank, config.hidden_size, bias=False) if rank else None
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         head_rows = config.draft_vocab_size or config.vocab_size
         self.lm_head = nn.Linear(config.hidden_size, head_rows, bias=False)
         if config.tie_word_embeddings:
-            if config.draft_vocab_size:
-                raise ValueError("a reduced-vocabulary head cannot be tied to the full embedding")
+            if config.draft_vocab_size or config.embedding_rank:
+                raise ValueError("a reduced-vocabulary head or low-rank embedding cannot be tied")
             self.lm_head.weight = self.embed_tokens.weight
         # Not a buffer: `.to(bfloat16)` must not round the cos/sin table; it follows the input's device.
         self.rope = rope_table(config, config.max_position_embeddings)
@@ -83,6 +85,8 @@ class LlamaModel(nn.Module):
         cos_sin = self.rope[meta.positions]  # [T, 2, D/2]
         cos, sin = cos_sin[:, 0, None], cos_sin[:, 1, None]
         x = self.embed_tokens(input_ids)
+        if self.embed_proj is not None:
+            x = self.embed_proj(x)
         for layer, kv in zip(self.layers, kv_cache):
             x = layer(x, cos, sin, kv, meta)
         return self.norm(x)

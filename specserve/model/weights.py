@@ -48,6 +48,8 @@ def load_hf_state_dict(model: LlamaModel, hf: dict[str, torch.Tensor]) -> None:
 
     ours: dict[str, torch.Tensor] = {"embed_tokens.weight": take("embed_tokens.weight"),
                                      "norm.weight": take("norm.weight")}
+    if cfg.embedding_rank:
+        ours["embed_proj.weight"] = take("embed_proj.weight")
     if cfg.tie_word_embeddings and "lm_head.weight" not in hf:
         ours["lm_head.weight"] = ours["embed_tokens.weight"]
     else:
@@ -80,6 +82,8 @@ def hf_state_dict(model: LlamaModel) -> dict[str, torch.Tensor]:
     cfg = model.config
     sd = {k: v.detach() for k, v in model.state_dict().items()}
     out = {"model.embed_tokens.weight": sd["embed_tokens.weight"], "model.norm.weight": sd["norm.weight"]}
+    if cfg.embedding_rank:
+        out["model.embed_proj.weight"] = sd["embed_proj.weight"]
     if not cfg.tie_word_embeddings:
         out["lm_head.weight"] = sd["lm_head.weight"]
     q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
