@@ -56,6 +56,18 @@ class AsyncLLMEngine:
     def num_requests(self) -> int:
         return len(self._streams)
 
+    # Read from the event loop while the step thread runs: each is one len() of a list the step
+    # thread owns, atomic under the GIL, so a scrape sees a consistent (if momentary) value.
+    @property
+    def num_running(self) -> int:
+        """Requests holding a batch slot."""
+        return len(self.engine.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests not yet admitted: queued in the scheduler, or sent and not yet picked up by the step thread."""
+        return max(0, self.num_requests - self.num_running)
+
     # ---- requests -------------------------------------------------------------------------------
     async def generate(self, prompt: str | list[int], params: SamplingParams,
                        request_id: str | None = None) -> AsyncIterator[RequestOutput]:

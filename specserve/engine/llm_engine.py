@@ -157,13 +157,7 @@ class LLMEngine:
         for (seq, d, decode_index), tokens, seq_rows in zip(verify, committed, rows):
             if d:
                 seq.spec.record(len(d), len(tokens) - 1)
-                stats.num_drafts += 1
-                stats.num_draft_tokens += len(d)
-                stats.num_accepted_tokens += len(tokens) - 1
-                if len(stats.accepted_per_position) < len(d):
-                    stats.accepted_per_position += [0] * (len(d) - len(stats.accepted_per_position))
-                for j in range(len(tokens) - 1):
-                    stats.accepted_per_position[j] += 1
+                stats.record(len(d), len(tokens) - 1)
             if decode_index is not None:
                 stats.draft_lengths.append(len(d))
             logprobs = (chosen_logprobs(logits[seq_rows[:len(tokens)]], tokens)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from specserve.engine.sequence import SpecStats
+
 
 @dataclass(slots=True)
 class RequestOutput:
@@ -22,15 +24,12 @@ class RequestOutput:
 
 
 @dataclass(slots=True)
-class StepStats:
-    """One engine step. Times in seconds; the controller and the latency model consume these."""
+class StepStats(SpecStats):
+    """One engine step. Times in seconds; the controller and the latency model consume these.
+    The speculation counters (num_drafts = requests that carried >= 1 draft token, ...) are SpecStats'."""
     num_decodes: int = 0
     num_prefill_tokens: int = 0
     num_preempted: int = 0
-    num_drafts: int = 0            # requests that carried >= 1 draft token
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    accepted_per_position: list[int] = field(default_factory=list)
     draft_lengths: list[int] = field(default_factory=list)  # l_i of every decode
     t_schedule: float = 0.0
     t_draft: float = 0.0

@@ -31,6 +31,7 @@ class SpecStats:
         return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
 
     def record(self, num_draft: int, num_accepted: int) -> None:
+        """One verification of `num_draft` tokens, of which the first `num_accepted` were accepted."""
         self.num_drafts += 1
         self.num_draft_tokens += num_draft
         self.num_accepted_tokens += num_accepted
