@@ -1,0 +1,67 @@
+"""Issue 8 validation: sweep our own server, fit the latency model, predict held-out rates and k.
+
+For each workload it launches `specserve serve` once per configuration (no SD, and the draft model with
+k in --ks), replays Poisson arrivals at --fractions of the measured no-SD saturation rate, appends every
+run to one results file, and prints `specserve latency validate` tables (fit on all but one rate / one
+k, predict the held-out ones; MAPE of mean E2E, TTFT, TPOT and E2E p95/p99).
+
+Workloads: `fixed` (256-token prompts, 128-token outputs) and `azure` (the Azure conversation trace's
+lengths, replayed with its clock scaled to each rate, prompts clipped to --max-model-len).
+
+    python bench/latency_validation.py [--out runs/latency] [--workloads fixed,azure] [--ks 1,2,4,6]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+
+def specserve(*args: str) -> None:
+    cmd = [sys.executable, "-m", "specserve", *args]
+    print("+", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="runs/latency")
+    p.add_argument("--workloads", default="fixed,azure")
+    p.add_argument("--ks", default="1,2,4,6")
+    p.add_argument("--draft", default="default")
+    p.add_argument("--fractions", default="0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8")
+    p.add_argument("--requests-per-run", type=int, default=80)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--port", type=int, default=8123)
+    p.add_argument("--max-model-len", type=int, default=1024)
+    args = p.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    from specserve.model.registry import fetch
+    tokenizer = str(fetch("smollm2-135m"))
+    serve = (f"{sys.executable} -m specserve serve --port {args.port} --num-threads {args.threads} "
+             f"--max-model-len {args.max_model_len} --disable-access-log")
+    configs = [{"label": "no-sd", "k": 0, "launch": f"{serve} --speculative-config none"}]
+    for k in [int(x) for x in args.ks.split(",")]:
+        spec = json.dumps({"model": args.draft, "num_speculative_tokens": k}).replace(" ", "")
+        configs.append({"label": f"k{k}", "k": k, "launch": f"{serve} --speculative-config {spec}"})
+    for c in configs:
+        c["base_url"] = f"http://127.0.0.1:{args.port}"
+    config_file = out / "configs.json"
+    config_file.write_text(json.dumps(configs, indent=2))
+    for workload in args.workloads.split(","):
+        results = out / f"{workload}.jsonl"
+        lengths = (["--input-len", "256", "--output-len", "128"] if workload == "fixed"
+                   else ["--trace", "azure-conv", "--scale-trace", "--max-model-len", str(args.max_model_len)])
+        specserve("bench", "sweep", "--configs", str(config_file), "--fractions", args.fractions,
+                  "--max-requests", str(args.requests_per_run), "--tokenizer", tokenizer, "--no-progress",
+                  "--results", str(results), "--log-dir", str(out / "server_logs"), *lengths)
+        table = out / f"{workload}_validation.md"
+        specserve("latency", "validate", str(results), "--markdown", str(table))
+        print(table.read_text())
+
+
+if __name__ == "__main__":
+    main()
