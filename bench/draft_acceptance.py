@@ -1,0 +1,113 @@
+"""Issue 5 table: acceptance of the shipped (or given) drafts for SmolLM2-135M-Instruct with our engine,
+greedy, k = 4, on held-out data, and each draft's cost relative to the target.
+
+Workloads: code = 200-token prefixes of held-out CPython stdlib files, 64 new tokens; chat = Spec-Bench
+first-turn questions in the chat template, 64 new tokens, per category. Tokens per step = 1 + accepted /
+drafts. Cost ratio (FLOPs) = draft / target forward FLOPs of one decode token at 264 tokens of context.
+--timing adds wall-clock numbers at batch 1 (run it on an idle machine): per-token forward time of draft
+and target, and plain vs speculative decoding tokens/s on the code prompts.
+
+    python bench/draft_acceptance.py [--drafts code chat] [--code-prompts 40] [--per-category 5] [--timing]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from specserve import LLM, SamplingParams
+from specserve.distill import evaluate
+from specserve.spec.drafts import resolve_draft
+
+TARGET = "smollm2-135m"
+
+
+def decode_step_seconds(model_dir: str, steps: int = 64, context: int = 264) -> float:
+    """Median time of a batch-1 decode forward of a model over its paged cache at ~`context` tokens."""
+    from specserve.engine.model_runner import ForwardItem, ModelRunner
+    from specserve.model.loader import load_model
+    m = load_model(model_dir, "bfloat16")
+    block = 16
+    blocks = (context + steps) // block + 2
+    runner = ModelRunner(m.model, blocks, block)
+    table = list(range(blocks))
+    runner.forward([ForwardItem(list(range(1, context + 1)), context, table, 1)])
+    times = []
+    for i in range(steps):
+        t0 = time.perf_counter()
+        runner.forward([ForwardItem([5], context + i + 1, table, 1)])
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def generation_rate(llm, prompts, max_tokens: int = 64) -> float:
+    """Tokens/s of generating every prompt alone (batch 1)."""
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    t0, n = time.perf_counter(), 0
+    for p in prompts:
+        n += len(llm.generate([p], params)[0].token_ids)
+    return n / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--drafts", nargs="+", default=["code", "chat"], help="shipped names or directories")
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--code-prompts", type=int, default=40)
+    ap.add_argument("--per-category", type=int, default=5, help="Spec-Bench questions per category")
+    ap.add_argument("--timing", action="store_true", help="also measure wall-clock cost (idle machine)")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    plain = LLM(model=TARGET, num_threads=args.threads)
+    tok = plain.tokenizer
+    code = evaluate.code_prompts(tok, args.code_prompts)
+    chat = evaluate.chat_prompts(tok, args.per_category)
+    rows = {}
+    for name in args.drafts:
+        spec = {"model": name, "num_speculative_tokens": args.k}
+        llm = LLM(model=TARGET, speculative_config=spec, num_threads=args.threads)
+        res = {"code": evaluate.acceptance(llm, code)}
+        all_chat = []
+        for cat, prompts in chat.items():
+            res[cat] = evaluate.acceptance(llm, prompts)
+            all_chat += prompts
+        res["chat (all)"] = evaluate.acceptance(llm, all_chat)
+        draft_model = llm.engine.proposer.runner.model
+        res["_params"] = sum(p.numel() for p in draft_model.parameters())
+        res["_flops"] = evaluate.forward_flops(draft_model.config, 264)
+        rows[name] = res
+        del llm
+    t_flops = evaluate.forward_flops(plain.engine.model_config, 264)
+    workloads = ["code", "chat (all)"] + list(chat)
+    print(f"\nTokens per verify step (greedy, k = {args.k}, 64 new tokens): code = {len(code)} held-out stdlib "
+          f"prefixes of 200 tokens; chat = {args.per_category} Spec-Bench questions per category\n")
+    print("| workload | " + " | ".join(args.drafts) + " |")
+    print("|---|" + "---|" * len(args.drafts))
+    for w in workloads:
+        print(f"| {w} | " + " | ".join(f"{rows[d][w]:.2f}" for d in args.drafts) + " |")
+    print("\n| draft | parameters | FLOP cost ratio (draft / target, one decode token at 264 context) |")
+    print("|---|---|---|")
+    for d in args.drafts:
+        params = rows[d]["_params"]
+        print(f"| {d} | {params / 1e6:.1f}M | {rows[d]['_flops'] / t_flops:.3f} |")
+    if args.timing:
+        from specserve.model.registry import resolve
+        t_step = decode_step_seconds(str(resolve(TARGET)))
+        print(f"\nWall clock at batch 1 (bf16, {args.threads} threads): target decode forward {t_step * 1e3:.1f} ms")
+        base = generation_rate(plain, code[:8])
+        print(f"plain decoding on 8 code prompts: {base:.1f} tok/s")
+        for d in args.drafts:
+            d_step = decode_step_seconds(resolve_draft(d))
+            llm = LLM(model=TARGET, speculative_config={"model": d, "num_speculative_tokens": args.k},
+                      num_threads=args.threads)
+            sd = generation_rate(llm, code[:8])
+            print(f"{d}: draft forward {d_step * 1e3:.2f} ms = {d_step / t_step:.3f} of the target; "
+                  f"speculative decoding {sd:.1f} tok/s = {sd / base:.2f}x plain")
+
+
+if __name__ == "__main__":
+    main()

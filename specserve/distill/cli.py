@@ -1,0 +1,64 @@
+"""`specserve distill`: train a small draft model for a target (argparse only at import; see specserve/cli.py)."""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "distill", help="train a draft model for speculative decoding",
+        description="Distil a small Llama-family draft from a target (teacher forcing on real text, cached "
+                    "top-k target logits, optional reduced draft vocabulary) and save a directory that "
+                    "--speculative-config accepts.")
+    p.add_argument("--target", default="smollm2-135m", help="target model (directory, .gguf or alias)")
+    p.add_argument("--out", required=True, help="directory to write the draft to")
+    p.add_argument("--corpus", nargs="+", required=True, metavar="{code,chat,FILE}",
+                   help="code: the Python standard library; chat: ShareGPT prompts with target replies; "
+                        "or text files")
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--hidden", type=int, default=320)
+    p.add_argument("--embedding-rank", type=int, default=64,
+                   help="rank of the factorised input embedding (0: full vocab x hidden table)")
+    p.add_argument("--draft-vocab", type=int, default=8192,
+                   help="keep the V most frequent target tokens of the corpus in the head (0: all)")
+    budget = p.add_mutually_exclusive_group(required=True)
+    budget.add_argument("--minutes", type=float, help="training wall-clock budget")
+    budget.add_argument("--steps", type=int, help="optimizer steps")
+    p.add_argument("--batch", type=int, default=16, help="windows per step")
+    p.add_argument("--window", type=int, help="tokens per window (default 320; 512 for chat)")
+    p.add_argument("--lr", type=float, default=1.5e-3)
+    p.add_argument("--echo", type=int, default=2, help="optimizer steps per teacher shard")
+    p.add_argument("--topk", type=int, default=32, help="target logits cached per position")
+    p.add_argument("--chat-prompts", type=int, help="ShareGPT prompts to generate target replies for (default all)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--work", help="work directory for caches and checkpoints (default runs/distill/<out name>)")
+    p.add_argument("--resume", action="store_true", help="continue from the work directory's checkpoint")
+    p.add_argument("--threads", type=int, help="torch CPU threads")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import torch
+
+    from specserve.distill.pipeline import DistillConfig, run
+    from specserve.distill.progress import ProgressBar
+    from specserve.distill.train import TrainConfig
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    work = Path(args.work) if args.work else Path("runs") / "distill" / out.name
+    tcfg = TrainConfig(minutes=args.minutes, steps=args.steps, batch=args.batch, lr=args.lr, echo=args.echo,
+                       seed=args.seed)
+    cfg = DistillConfig(target=args.target, out=out, corpus=args.corpus, work=work, layers=args.layers,
+                        hidden=args.hidden, embedding_rank=args.embedding_rank or None,
+                        draft_vocab=args.draft_vocab or None, window=args.window, topk=args.topk,
+                        chat_prompts=args.chat_prompts, train=tcfg, resume=args.resume,
+                        command="specserve " + shlex.join(sys.argv[1:]))
+    with ProgressBar() as bar:
+        run(cfg, log=bar.log, progress_cb=bar.update)
+    return 0

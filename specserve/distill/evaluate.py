@@ -1,0 +1,59 @@
+"""Acceptance of a draft with our engine (greedy, tokens per verify step) and its cost relative to the
+target. Used by bench/draft_acceptance.py, by tests, and by anyone checking a freshly distilled draft."""
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from specserve.distill import corpus
+
+
+def code_prompts(tokenizer, n: int, prefix_tokens: int = 200, new_tokens: int = 64, seed: int = 0) -> list[list[int]]:
+    """`prefix_tokens`-token prefixes of held-out stdlib files (never trained on), one per file, starting at
+    a seeded line start inside the file so prompts are not all license headers and imports."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for text in corpus.read_texts(corpus.stdlib_files("eval")):
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        if len(ids) < prefix_tokens + new_tokens:
+            continue
+        start = int(rng.integers(0, len(ids) - prefix_tokens - new_tokens + 1))
+        out.append(ids[start:start + prefix_tokens])
+        if len(out) == n:
+            break
+    return out
+
+
+def chat_prompts(tokenizer, per_category: int) -> dict[str, list[list[int]]]:
+    """The first `per_category` Spec-Bench first-turn questions of every category, chat-templated."""
+    by_cat: dict[str, list[list[int]]] = defaultdict(list)
+    for q in corpus.spec_bench_questions():
+        if len(by_cat[q["category"]]) < per_category:
+            by_cat[q["category"]].append(tokenizer.encode_chat([{"role": "user", "content": q["text"]}]))
+    return dict(by_cat)
+
+
+def tokens_per_step(outputs) -> float:
+    """Mean acceptance length over requests: 1 + accepted / drafts (vLLM's definition)."""
+    drafts = sum(o.spec["num_drafts"] for o in outputs)
+    accepted = sum(o.spec["num_accepted_tokens"] for o in outputs)
+    return 1 + accepted / drafts if drafts else float("nan")
+
+
+def acceptance(llm, prompts: list[list[int]], max_tokens: int = 64) -> float:
+    from specserve import SamplingParams
+    return tokens_per_step(llm.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0,
+                                                                ignore_eos=True)))
+
+
+def forward_flops(config, context: int) -> float:
+    """Multiply-adds x 2 of one decode token at `context` tokens of KV: the matmuls (projections, MLP,
+    head over its rows; the embedding is a lookup, a low-rank one adds its projection) plus attention."""
+    c = config
+    q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+    per_layer = c.hidden_size * (q + 2 * kv) + q * c.hidden_size + 3 * c.hidden_size * c.intermediate_size
+    attention = 2 * q * context  # scores + weighted sum
+    head = (c.draft_vocab_size or c.vocab_size) * c.hidden_size
+    embed = (c.embedding_rank or 0) * c.hidden_size
+    return 2.0 * (c.num_hidden_layers * (per_layer + attention) + head + embed)

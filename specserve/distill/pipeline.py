@@ -1,0 +1,150 @@
+"""`specserve distill` end to end: corpus -> windows and held-out split -> draft vocabulary -> student
+init -> teacher-cached training -> exported draft directory. State lives in a work directory (windows,
+vocabulary, teacher shards, checkpoint, log) so `--resume` continues where a run stopped."""
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specserve.distill import corpus
+from specserve.distill.teacher import PAD, TeacherCache, teach
+from specserve.distill.train import TrainConfig, train
+from specserve.errors import SpecServeError
+
+
+@dataclass
+class DistillConfig:
+    target: str
+    out: Path
+    corpus: list[str]
+    work: Path
+    layers: int = 4
+    hidden: int = 320
+    embedding_rank: int | None = 64
+    draft_vocab: int | None = 8192
+    window: int | None = None          # default: 320 for code and files, 512 for chat
+    topk: int = 32
+    shard_windows: int = 32
+    eval_windows: int = 24
+    chat_prompts: int | None = None    # how many ShareGPT prompts get a target reply (None: all)
+    max_reply_tokens: int = 192
+    train: TrainConfig = field(default_factory=TrainConfig)
+    resume: bool = False
+    command: str = ""
+
+
+def _vocab_fingerprint(tokenizer) -> str:
+    return hashlib.sha256(json.dumps(sorted(tokenizer.hf.get_vocab().items())).encode()).hexdigest()[:16]
+
+
+def build_data(cfg: DistillConfig, target, log) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Training windows (shuffled), held-out windows and the token stream used for vocabulary counts."""
+    tok, eos = target.tokenizer, target.tokenizer.eos_token_ids[0]
+    rng = np.random.default_rng(cfg.train.seed)
+    kind = cfg.corpus[0] if cfg.corpus[0] in ("code", "chat") else "files"
+    if kind == "chat":
+        window = cfg.window or 512
+        max_prompt = window - cfg.max_reply_tokens
+        train_prompts = corpus.sharegpt_prompts("train")[:cfg.chat_prompts]
+        eval_prompts = corpus.sharegpt_prompts("eval")[:cfg.eval_windows]
+        samples = corpus_chat(cfg, train_prompts + eval_prompts, max_prompt, log)
+        train_seqs, eval_seqs = samples[:len(train_prompts)], samples[len(train_prompts):]
+        train_w = corpus.sample_windows(train_seqs, window, PAD)
+        eval_w = corpus.sample_windows(eval_seqs, window, PAD)
+        stream = np.concatenate(train_seqs)
+    else:
+        window = cfg.window or 320
+        if kind == "code":
+            train_texts = corpus.read_texts(corpus.stdlib_files("train"))
+            eval_texts = corpus.read_texts(corpus.stdlib_files("eval"))
+        else:
+            paths = sorted(Path(p) for p in cfg.corpus)
+            missing = [str(p) for p in paths if not p.is_file()]
+            if missing:
+                raise SpecServeError(f"corpus files not found: {', '.join(missing)}")
+            texts = corpus.read_texts(paths)
+            held = [corpus._held_out(str(p), 20) for p in paths]
+            if all(held) or not any(held):  # too few files for a hash split: hold out the last twentieth
+                joined = "\n".join(texts)
+                cut = len(joined) * 19 // 20
+                train_texts, eval_texts = [joined[:cut]], [joined[cut:]]
+            else:
+                train_texts = [t for t, h in zip(texts, held) if not h]
+                eval_texts = [t for t, h in zip(texts, held) if h]
+        t0 = time.perf_counter()
+        stream = corpus.token_stream(tok, train_texts, eos)
+        train_w = corpus.stream_windows(stream, window)
+        eval_w = corpus.stream_windows(corpus.token_stream(tok, eval_texts, eos), window)
+        log(f"tokenized {len(train_texts)} training texts: {len(stream):,} tokens, {len(train_w):,} windows "
+            f"of {window} ({time.perf_counter() - t0:.0f}s)")
+    if len(train_w) == 0 or len(eval_w) == 0:
+        raise SpecServeError(f"corpus too small for a {window}-token training window and a held-out window")
+    train_w = train_w[rng.permutation(len(train_w))]
+    eval_w = eval_w[rng.permutation(len(eval_w))[:cfg.eval_windows]]
+    return train_w, eval_w, stream
+
+
+def corpus_chat(cfg: DistillConfig, prompts: list[str], max_prompt: int, log) -> list[np.ndarray]:
+    from specserve.distill.chatgen import chat_samples
+    return chat_samples(cfg.target, prompts, cfg.work / "chat_samples.jsonl", max_prompt,
+                        cfg.max_reply_tokens, log=log)
+
+
+def run(cfg: DistillConfig, log=print, progress_cb=None) -> dict:
+    from specserve.distill.export import export_draft
+    from specserve.distill.student import draft_config, init_student
+    from specserve.model.loader import load_model
+
+    t_start = time.perf_counter()
+    cfg.work.mkdir(parents=True, exist_ok=True)
+    target = load_model(cfg.target, "float32")
+    meta_path = cfg.work / "meta.json"
+    fingerprint = _vocab_fingerprint(target.tokenizer)
+    if cfg.resume and meta_path.exists():
+        meta = json.loads(meta_path.read_text())
+        if meta["tokenizer"] != fingerprint:
+            raise SpecServeError(f"cannot resume {cfg.work}: it was distilled for a target with a different "
+                                 f"tokenizer than {cfg.target}")
+    train_w, eval_w, stream = build_data(cfg, target, log)
+    vocab_map = None
+    if cfg.draft_vocab and cfg.draft_vocab < target.config.vocab_size:
+        must = list(target.tokenizer.eos_token_ids) + [t for t in (target.config.bos_token_id,) if t is not None]
+        vocab_map = corpus.frequent_vocab(stream, cfg.draft_vocab, target.config.vocab_size, must)
+    eval_stream = eval_w[eval_w >= 0]
+    cov = {"train": round(corpus.coverage(stream, vocab_map), 4),
+           "heldout": round(corpus.coverage(eval_stream, vocab_map), 4)}
+    log(f"draft vocabulary: {len(vocab_map) if vocab_map else target.config.vocab_size} tokens, corpus coverage "
+        f"{cov['train']:.1%} (train) / {cov['heldout']:.1%} (held-out)")
+    meta_path.write_text(json.dumps({"tokenizer": fingerprint, "target": cfg.target}) + "\n")
+    dcfg = draft_config(target.config, cfg.layers, cfg.hidden, len(vocab_map) if vocab_map else None,
+                        cfg.embedding_rank)
+    vm = torch.tensor(vocab_map) if vocab_map is not None else None
+    student = init_student(target.model, dcfg, vm, cfg.train.seed)
+    teacher = target.model.to(torch.bfloat16)  # the engine serves the target in bf16: teach what it says
+    cache = TeacherCache(cfg.work / "teacher", teacher, train_w, cfg.shard_windows, cfg.topk)
+    eval_path = cfg.work / "teacher" / "eval.safetensors"
+    from safetensors.torch import load_file, save_file
+    if eval_path.exists() and np.array_equal(load_file(str(eval_path))["tokens"].numpy(), eval_w):
+        eval_shard = load_file(str(eval_path))
+    else:
+        eval_shard = teach(teacher, eval_w, cfg.topk)
+        save_file(eval_shard, str(eval_path))
+    prep_seconds = time.perf_counter() - t_start
+    summary = train(student, vm, cache, eval_shard, cfg.train, cfg.work, cfg.resume, progress_cb)
+    params = sum(p.numel() for p in student.parameters())
+    info = {"command": cfg.command, "target": cfg.target, "corpus": cfg.corpus, "seed": cfg.train.seed,
+            "layers": cfg.layers, "hidden": cfg.hidden, "embedding_rank": dcfg.embedding_rank,
+            "draft_vocab_size": dcfg.draft_vocab_size, "vocab_coverage": cov, "params": params,
+            "train_windows": int(len(train_w)), "window": int(train_w.shape[1]),
+            "teacher_tokens_cached": cache.tokens_taught, "prep_seconds": round(prep_seconds, 1),
+            "train": asdict(cfg.train), **summary}
+    export_draft(student, vocab_map, target.path, cfg.out, info)
+    log(f"saved draft to {cfg.out}: {params / 1e6:.1f}M parameters, held-out top-1 agreement "
+        f"{summary['heldout_top1_agreement']:.1%}, {summary['train_seconds'] / 60:.1f} min training")
+    return info

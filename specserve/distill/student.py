@@ -1,0 +1,85 @@
+"""The draft ("student"): its config, its initialisation from the target, and a dense causal forward.
+
+Training and teacher forcing run whole windows [B, T] at once, so they use `causal_forward` (one SDPA call
+per layer with a causal mask) over the same modules the engine runs with its paged KV cache; the weights
+and the math are shared, only the attention plumbing differs.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from specserve.model.config import ModelConfig
+from specserve.model.llama import LlamaModel
+from specserve.model.rope import apply_rope
+
+
+def causal_forward(model: LlamaModel, ids: torch.Tensor) -> torch.Tensor:
+    """ids [B, T] (each row a window starting at position 0) -> final hidden states [B, T, hidden]."""
+    b, t = ids.shape
+    rope = model.rope[:t].to(ids.device)
+    cos, sin = rope[:, 0, None], rope[:, 1, None]  # [T, 1, D/2]
+    x = model.embed_tokens(ids)
+    if model.embed_proj is not None:
+        x = model.embed_proj(x)
+    for layer in model.layers:
+        h = layer.input_layernorm(x)
+        q, k, v = layer.qkv_proj(h).split([layer.q_size, layer.kv_size, layer.kv_size], dim=-1)
+        q = apply_rope(q.reshape(b * t, layer.num_heads, layer.head_dim).unflatten(0, (b, t)), cos, sin)
+        k = apply_rope(k.reshape(b, t, layer.num_kv_heads, layer.head_dim), cos, sin)
+        v = v.reshape(b, t, layer.num_kv_heads, layer.head_dim)
+        att = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                             is_causal=True, scale=layer.scale,
+                                             enable_gqa=layer.num_heads != layer.num_kv_heads)
+        x = x + layer.o_proj(att.transpose(1, 2).reshape(b, t, layer.q_size))
+        gate, up = layer.gate_up_proj(layer.post_attention_layernorm(x)).chunk(2, dim=-1)
+        x = x + layer.down_proj(F.silu(gate) * up)
+    return model.norm(x)
+
+
+def draft_config(target: ModelConfig, layers: int, hidden: int, draft_vocab: int | None,
+                 embedding_rank: int | None) -> ModelConfig:
+    head_dim = 64 if hidden % 64 == 0 else hidden // max(1, hidden // 64)
+    heads = hidden // head_dim
+    # SwiGLU width ~8/3 of hidden (as Llama and SmolLM2 use), rounded to a multiple of 32 for the GEMMs.
+    intermediate = max(32, round(hidden * 8 / 3 / 32) * 32)
+    return ModelConfig(
+        vocab_size=target.vocab_size, hidden_size=hidden, intermediate_size=intermediate,
+        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads, head_dim=head_dim,
+        rms_norm_eps=target.rms_norm_eps, rope_theta=target.rope_theta, rope_scaling=target.rope_scaling,
+        max_position_embeddings=target.max_position_embeddings, tie_word_embeddings=False,
+        architecture="LlamaForCausalLM", bos_token_id=target.bos_token_id,
+        eos_token_id=list(target.eos_token_id), draft_vocab_size=draft_vocab,
+        embedding_rank=embedding_rank if embedding_rank and embedding_rank < hidden else None)
+
+
+def init_student(target: LlamaModel, config: ModelConfig, vocab_map: torch.Tensor | None,
+                 seed: int) -> LlamaModel:
+    """Embeddings: the target's input embedding projected onto its top `hidden` singular directions
+    (low-rank table = the top `embedding_rank` of them); head rows: the same projection of the target's
+    output rows for the kept tokens, so the draft starts out speaking the target's geometry. Layers:
+    small random weights, residual outputs scaled by 1/sqrt(2 * layers) so the stack starts near identity."""
+    torch.manual_seed(seed)
+    model = LlamaModel(config)
+    h = config.hidden_size
+    emb = target.embed_tokens.weight.detach().float()
+    u, s, vh = torch.linalg.svd(emb, full_matrices=False)
+    projected = u[:, :h] * s[:h]  # [vocab, hidden]: emb @ vh[:h].T
+    out_rows = target.lm_head.weight.detach().float() @ vh[:h].T
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                torch.nn.init.normal_(p, std=0.02)
+                if name.endswith(("o_proj.weight", "down_proj.weight")):
+                    p.mul_((2 * config.num_hidden_layers) ** -0.5)
+        rank = config.embedding_rank
+        if rank:
+            model.embed_tokens.weight.copy_(projected[:, :rank])
+            model.embed_proj.weight.copy_(torch.eye(h, rank))
+        else:
+            model.embed_tokens.weight.copy_(projected)
+        head = out_rows if vocab_map is None else out_rows[vocab_map]
+        # The final RMSNorm output has norm ~sqrt(hidden); unit-norm rows keep the first logits at std ~1
+        # (the target's own row norms would start the draft with logits in the tens and a huge loss).
+        model.lm_head.weight.copy_(head / head.norm(dim=-1).mean())
+    return model

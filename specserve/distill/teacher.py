@@ -1,0 +1,71 @@
+"""The target as teacher: top-k logits of every window position, cached on disk in shards.
+
+A full 49k-entry row per token would be ~200 KB; the top-32 logits (fp16), their ids and the row's
+logsumexp are ~200 bytes and carry almost all of the probability mass the draft can learn from. Shards are
+plain safetensors files named by index, so an interrupted run (or a rerun with the same corpus) reuses them.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import time
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from specserve.distill.student import causal_forward
+
+PAD = -1  # token id of padding in a window; masked out of teaching and of the loss
+CACHE_KEYS = ("tokens", "topk_ids", "topk_logits", "lse")
+
+
+@torch.no_grad()
+def teach(target, windows: np.ndarray, k: int, chunk: int = 16) -> dict[str, torch.Tensor]:
+    """windows [N, T] int32 (PAD allowed at the end of a row) -> the cache entries for them:
+    tokens [N, T] int32, topk_ids [N, T, k] int32, topk_logits [N, T, k] fp16, lse [N, T] fp32."""
+    dtype = next(target.parameters()).dtype
+    ids_all = torch.from_numpy(np.ascontiguousarray(windows)).long()
+    out = {key: [] for key in CACHE_KEYS}
+    for start in range(0, len(ids_all), chunk):
+        ids = ids_all[start:start + chunk]
+        hidden = causal_forward(target, ids.clamp_min(0))
+        logits = target.lm_head(hidden.to(dtype)).float()
+        values, idx = logits.topk(k, dim=-1)
+        out["tokens"].append(ids.int())
+        out["topk_ids"].append(idx.int())
+        out["topk_logits"].append(values.half())
+        out["lse"].append(logits.logsumexp(-1))
+    return {key: torch.cat(v) for key, v in out.items()}
+
+
+class TeacherCache:
+    """Shard i holds the teacher's outputs for windows [i * shard_size, (i + 1) * shard_size)."""
+
+    def __init__(self, root: Path, target, windows: np.ndarray, shard_size: int, k: int):
+        self.root, self.target, self.windows = Path(root), target, windows
+        self.shard_size, self.k = shard_size, k
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.num_shards = max(1, len(windows) // shard_size)
+        self.seconds_teaching = 0.0
+        self.tokens_taught = 0
+
+    def path(self, i: int) -> Path:
+        return self.root / f"shard-{i:05d}.safetensors"
+
+    def get(self, i: int) -> dict[str, torch.Tensor]:
+        i %= self.num_shards
+        rows = self.windows[i * self.shard_size:(i + 1) * self.shard_size]
+        path = self.path(i)
+        if path.exists():
+            shard = load_file(str(path))
+            if shard["tokens"].shape == rows.shape and np.array_equal(shard["tokens"].numpy(), rows):
+                return shard
+        t0 = time.perf_counter()
+        shard = teach(self.target, rows, self.k)
+        self.seconds_teaching += time.perf_counter() - t0
+        self.tokens_taught += int((rows != PAD).sum())
+        tmp = path.with_suffix(".tmp")
+        save_file(shard, str(tmp))
+        tmp.replace(path)  # never leave a half-written shard behind for a resumed run
+        return shard
