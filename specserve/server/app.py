@@ -1,0 +1,123 @@
+"""The FastAPI app: OpenAI routes, /health, /metrics, API-key check, queue limit and drain gate."""
+from __future__ import annotations
+
+import hmac
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from specserve.engine.async_engine import AsyncLLMEngine
+from specserve.server.errors import APIError, error_response, install_error_handlers
+from specserve.server.metrics import ServerMetrics
+from specserve.server.protocol import ChatCompletionRequest, CompletionRequest
+from specserve.server.serving import Serving
+
+GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
+
+
+@dataclass
+class ServingState:
+    in_flight: int = 0      # generation requests inside the app, streams included until their last byte
+    draining: bool = False  # set on SIGTERM: refuse new generation requests, let the others finish
+    active: set[str] = field(default_factory=set)  # engine request ids being served
+
+
+class _Gate:
+    """Pure ASGI middleware, so that it sees a streaming response through to its end (a FastAPI
+    dependency returns before the stream is sent): API key on /v1, refusal while draining, in-flight count."""
+
+    def __init__(self, app, state: ServingState, api_key: str | None):
+        self.app, self.state, self.api_key = app, state, api_key
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"]
+        if self.api_key is not None and path.startswith("/v1") and not self._authorized(scope):
+            return await error_response(401, "Incorrect or missing API key: send `Authorization: Bearer <key>`",
+                                        code="invalid_api_key",
+                                        headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
+        if not (scope["method"] == "POST" and path in GENERATION_PATHS):
+            return await self.app(scope, receive, send)
+        if self.state.draining:
+            return await error_response(503, "the server is shutting down and takes no new requests",
+                                        headers={"Connection": "close"})(scope, receive, send)
+        self.state.in_flight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.state.in_flight -= 1
+
+    def _authorized(self, scope) -> bool:
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                scheme, _, token = value.decode("latin-1").partition(" ")
+                return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(),
+                                                                          self.api_key.encode())
+        return False
+
+
+def build_app(engine: AsyncLLMEngine, served_model_names: str | list[str], api_key: str | None = None,
+              max_queue: int | None = None) -> FastAPI:
+    """`max_queue`: requests allowed to wait beyond the `max_num_seqs` that run; more get 429 (None: no limit)."""
+    names = [served_model_names] if isinstance(served_model_names, str) else list(served_model_names)
+    state = ServingState()
+    metrics = ServerMetrics(engine, names[0])
+    capacity = None if max_queue is None else engine.engine.config.max_num_seqs + max_queue
+    created = int(time.time())
+
+    def admit() -> None:
+        if capacity is not None and state.in_flight > capacity:
+            raise APIError(429, f"the server's queue is full ({capacity} requests in flight); retry later",
+                           code="queue_full")
+
+    serving = Serving(engine, names, admit, state.active)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        engine.start()
+        yield
+        engine.shutdown()
+
+    app = FastAPI(title="specserve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.serving = state
+    app.state.metrics = metrics
+    install_error_handlers(app)
+    app.add_middleware(_Gate, state=state, api_key=api_key)
+
+    def model_card(name: str) -> dict:
+        return {"id": name, "object": "model", "created": created, "owned_by": "specserve",
+                "root": engine.engine.config.model, "max_model_len": engine.engine.max_model_len}
+
+    @app.get("/health")
+    async def health():
+        if state.draining:
+            return error_response(503, "draining")
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [model_card(n) for n in names]}
+
+    @app.get("/v1/models/{name:path}")
+    async def model(name: str):
+        serving.check_model(name)
+        return model_card(name)
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest, raw: Request):
+        return await serving.completion(req, raw)
+
+    @app.post("/v1/chat/completions")
+    async def chat(req: ChatCompletionRequest, raw: Request):
+        return await serving.chat(req, raw)
+
+    return app

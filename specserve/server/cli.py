@@ -1,0 +1,83 @@
+"""`specserve serve`: the OpenAI-compatible server. Heavy imports happen inside the handler."""
+from __future__ import annotations
+
+import argparse
+import os
+
+from specserve.engine.args import add_engine_args
+
+DEFAULT_SPECULATIVE = '{"model": "default", "num_speculative_tokens": 4}'
+API_KEY_ENV = "SPECSERVE_API_KEY"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server (SSE streaming, /metrics)")
+    add_engine_args(p)
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1")
+    g.add_argument("--port", type=int, default=8000, help="0 picks a free port (the startup line names it)")
+    g.add_argument("--api-key", default=None,
+                   help=f"require `Authorization: Bearer KEY` on /v1 (default: ${API_KEY_ENV}, else no key)")
+    g.add_argument("--served-model-name", nargs="+", default=None,
+                   help="model name(s) clients use; the first is reported (default: the --model value)")
+    g.add_argument("--max-queue", type=int, default=None,
+                   help="requests allowed to wait beyond --max-num-seqs; more get 429 (default: no limit)")
+    g.add_argument("--drain-timeout", type=float, default=30.0,
+                   help="seconds to let in-flight requests finish after SIGTERM (default 30)")
+    g.add_argument("--disable-access-log", action="store_true", help="no per-request log lines")
+    p.set_defaults(func=_serve)
+
+
+def speculative_choice(args) -> tuple[str | None, str]:
+    """The --speculative-config to use and why. Without one, the shipped draft runs if it is there, but
+    only with the default target: a draft must share the target's vocabulary."""
+    from specserve.engine.config import EngineConfig
+    from specserve.spec.drafts import shipped_draft_dir
+
+    value = args.speculative_config
+    if value is not None:
+        if value.strip().lower() in ("none", "null", "off", ""):
+            return None, "speculative decoding off (--speculative-config none)"
+        return value, "speculative config from --speculative-config"
+    if args.model != EngineConfig().model:
+        return None, "speculative decoding off (no --speculative-config; the shipped draft pairs with the default model only)"
+    if (shipped_draft_dir("chat") / "config.json").exists():
+        return DEFAULT_SPECULATIVE, f"speculative decoding with the shipped draft: {DEFAULT_SPECULATIVE}"
+    return None, "speculative decoding off (no shipped draft is installed; pass --speculative-config)"
+
+
+def _serve(args) -> int:
+    import logging
+
+    from specserve.errors import SpecServeError
+
+    if not 0 <= args.port <= 65535:
+        raise SpecServeError(f"--port must be in [0, 65535], got {args.port}")
+    if args.max_queue is not None and args.max_queue < 0:
+        raise SpecServeError(f"--max-queue must be >= 0, got {args.max_queue}")
+    if args.drain_timeout < 0:
+        raise SpecServeError(f"--drain-timeout must be >= 0, got {args.drain_timeout}")
+    import prometheus_client
+    # One `_created` timestamp series per counter and histogram is noise for a scraper (vLLM drops them
+    # too). Process-wide, so it is switched off here in the server process, not in the library.
+    prometheus_client.disable_created_metrics()
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
+    log = logging.getLogger("specserve.server")
+
+    from specserve.server import launch
+
+    sock = launch.bind(args.host, args.port)  # a taken port fails now, not after loading the model
+    try:
+        from specserve.engine.args import engine_config_from_args
+        from specserve.engine.async_engine import AsyncLLMEngine
+        from specserve.server.app import build_app
+
+        args.speculative_config, why = speculative_choice(args)
+        log.info(why)
+        engine = AsyncLLMEngine(engine_config_from_args(args))
+        app = build_app(engine, args.served_model_name or [args.model], args.api_key or os.environ.get(API_KEY_ENV),
+                        args.max_queue)
+        launch.run(app, engine, sock, args.drain_timeout, access_log=not args.disable_access_log)
+    finally:
+        sock.close()
+    return 0

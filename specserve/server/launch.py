@@ -1,0 +1,89 @@
+"""Run the app under uvicorn on a socket we bind ourselves, with a graceful drain on SIGTERM.
+
+Binding first lets `--port 0` pick a free port that the startup line can name, and lets a taken port
+fail before the model loads. uvicorn on its own stops listening at SIGTERM and then re-raises the signal
+once it has shut down (exit status 143); `DrainingServer` instead keeps answering (503 to new generation
+requests, so a load balancer moves on), lets in-flight requests finish up to the drain timeout, and exits 0.
+"""
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from typing import TYPE_CHECKING
+
+import uvicorn
+
+from specserve.errors import SpecServeError
+
+if TYPE_CHECKING:  # both pull in torch; `bind` must be quick so a taken port fails at once
+    from specserve.engine.async_engine import AsyncLLMEngine
+    from specserve.server.app import ServingState
+
+log = logging.getLogger("specserve.server")
+
+
+def bind(host: str, port: int) -> socket.socket:
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as e:
+        raise SpecServeError(f"cannot listen on {host}:{port}: {e}") from None
+    return sock
+
+
+def describe(engine: AsyncLLMEngine, url: str) -> str:
+    cfg, spec, sched = engine.engine.config, engine.engine.config.speculative_config, engine.engine.scheduler
+    if spec is None:
+        draft = "none"
+    else:
+        draft = f"{spec.model if spec.method == 'draft_model' else spec.method} (k={spec.num_speculative_tokens})"
+    kv = sched.blocks.num_blocks * sched.blocks.block_size
+    return (f"specserve serving {url}/v1 | model {cfg.model} | draft {draft} | KV cache {kv} tokens "
+            f"({sched.blocks.num_blocks} blocks) | max_model_len {engine.engine.max_model_len} | "
+            f"max_num_seqs {cfg.max_num_seqs}")
+
+
+class DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, state: ServingState, engine: AsyncLLMEngine, drain_timeout: float):
+        super().__init__(config)
+        self.state, self.engine, self.drain_timeout = state, engine, drain_timeout
+        self._deadline: float | None = None
+        self._announced = False
+
+    def handle_exit(self, sig, frame) -> None:
+        # A signal handler: only set flags here (logging could deadlock on a lock the interrupted code holds).
+        if self._deadline is None:
+            self.state.draining = True
+            self._deadline = time.monotonic() + self.drain_timeout
+        else:  # a second signal: stop now, without waiting for anyone
+            self.should_exit = self.force_exit = True
+
+    async def on_tick(self, counter: int) -> bool:
+        if self._deadline is not None and not self.should_exit:
+            if not self._announced:
+                self._announced = True
+                log.info("draining: %d request(s) in flight, up to %g s; new requests get 503",
+                         self.state.in_flight, self.drain_timeout)
+            if self.state.in_flight == 0:
+                self.should_exit = True
+            elif time.monotonic() >= self._deadline:
+                # Aborting in the engine ends each response properly (a 503 body, or an error event
+                # before [DONE]), so clients learn why; uvicorn would just cut the connections.
+                log.warning("drain timeout: aborting %d request(s) still in flight", self.state.in_flight)
+                for rid in list(self.state.active):
+                    self.engine.abort(rid)
+                self.should_exit = True
+        return await super().on_tick(counter)
+
+
+def run(app, engine: AsyncLLMEngine, sock: socket.socket, drain_timeout: float, access_log: bool) -> None:
+    host, port = sock.getsockname()[:2]
+    sock.listen(2048)  # from here connections queue until the loop accepts them, none are refused
+    log.info(describe(engine, f"http://{f'[{host}]' if ':' in host else host}:{port}"))
+    # After a timed-out drain, uvicorn cuts whatever is still open one second later.
+    config = uvicorn.Config(app, lifespan="on", access_log=access_log, timeout_graceful_shutdown=1,
+                            log_level="info")
+    DrainingServer(config, app.state.serving, engine, drain_timeout).run(sockets=[sock])

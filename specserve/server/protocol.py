@@ -1,0 +1,170 @@
+"""Request bodies of the OpenAI API (plus vLLM's sampling extensions) and their mapping to SamplingParams.
+
+Unknown fields are accepted and ignored, as the official client and others send fields we have no use
+for (user, metadata, store, ...). Fields that would change the output and that we cannot honour are
+refused with a 400 naming the field, instead of being silently ignored.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from specserve.engine.sampling_params import SamplingParams
+from specserve.server.errors import APIError
+
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for the legacy completions API
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class StreamOptions(_Open):
+    include_usage: bool | None = False
+
+
+class ContentPart(_Open):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(_Open):
+    role: str
+    content: str | list[ContentPart] | None = None
+
+    def as_template_input(self) -> dict:
+        """The message as a chat template expects it: text content as one string."""
+        content = self.content
+        if isinstance(content, list):
+            texts = []
+            for part in content:
+                if part.type != "text" or part.text is None:
+                    raise APIError(400, f"content parts of type {part.type!r} are not supported; send text",
+                                   "messages")
+                texts.append(part.text)
+            content = "\n".join(texts)
+        out = {k: v for k, v in (self.model_extra or {}).items() if v is not None}
+        out.update(role=self.role, content=content or "")
+        return out
+
+
+class _SamplingRequest(_Open):
+    model: str | None = None          # omitted: the served model
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    n: int | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    # vLLM's extensions (the benchmark client sends ignore_eos)
+    top_k: int | None = None
+    min_tokens: int | None = None
+    ignore_eos: bool | None = False
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool | None = True
+    repetition_penalty: float | None = None
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    def check_supported(self) -> None:
+        if self.n not in (None, 1):
+            raise APIError(400, f"n={self.n} is not supported: this server returns one choice per request, "
+                                "so n must be 1 (send several requests instead)", "n")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if getattr(self, name):
+                raise APIError(400, f"{name} is not supported (it must be 0 or omitted)", name)
+        if self.repetition_penalty not in (None, 1.0):
+            raise APIError(400, "repetition_penalty is not supported (it must be 1 or omitted)", "repetition_penalty")
+        if self.logit_bias:
+            raise APIError(400, "logit_bias is not supported", "logit_bias")
+        if self.stream_options is not None and not self.stream:
+            raise APIError(400, "stream_options is only allowed when stream is true", "stream_options")
+
+    def sampling_params(self, max_tokens: int, logprobs: bool) -> SamplingParams:
+        """Raises InvalidRequestError (a 400) for values out of range."""
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=1.0 if self.temperature is None else self.temperature,  # OpenAI's default
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=-1 if self.top_k is None else self.top_k,
+            seed=self.seed, stop=self.stop or [], stop_token_ids=self.stop_token_ids or [],
+            ignore_eos=bool(self.ignore_eos), min_tokens=self.min_tokens or 0, logprobs=logprobs,
+            skip_special_tokens=self.skip_special_tokens is not False)
+
+
+class CompletionRequest(_SamplingRequest):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    logprobs: int | None = None
+    echo: bool | None = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.echo:
+            raise APIError(400, "echo is not supported", "echo")
+        if self.suffix:
+            raise APIError(400, "suffix is not supported", "suffix")
+        if self.best_of not in (None, 1):
+            raise APIError(400, "best_of must be 1", "best_of")
+        if self.logprobs is not None and self.logprobs != 0:
+            raise APIError(400, f"logprobs={self.logprobs} is not supported: this server returns the chosen "
+                                "token's log-probability only (logprobs=0), not the top alternatives", "logprobs")
+
+    def single_prompt(self) -> str | list[int]:
+        p = self.prompt
+        if isinstance(p, list) and p and not isinstance(p[0], int):
+            if len(p) != 1:
+                raise APIError(400, f"got {len(p)} prompts; this server takes one prompt per request", "prompt")
+            p = p[0]
+        if not p:
+            raise APIError(400, "the prompt is empty", "prompt")
+        return p
+
+    def to_sampling_params(self) -> SamplingParams:
+        max_tokens = COMPLETION_DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens
+        return self.sampling_params(max_tokens, self.logprobs is not None)
+
+
+class ChatCompletionRequest(_SamplingRequest):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens
+    logprobs: bool | None = False
+    top_logprobs: int | None = None
+    tools: list[Any] | None = None
+    response_format: dict | None = None
+    add_generation_prompt: bool | None = True  # vLLM's extension
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.top_logprobs:
+            raise APIError(400, "top_logprobs is not supported: logprobs=true returns the chosen token's "
+                                "log-probability only", "top_logprobs")
+        if self.tools:
+            raise APIError(400, "tools are not supported", "tools")
+        if self.response_format and self.response_format.get("type", "text") != "text":
+            raise APIError(400, "response_format other than text is not supported", "response_format")
+        if not self.messages:
+            raise APIError(400, "messages must not be empty", "messages")
+
+    def template_messages(self) -> list[dict]:
+        return [m.as_template_input() for m in self.messages]
+
+    def to_sampling_params(self, prompt_len: int, max_model_len: int) -> SamplingParams:
+        """Without a limit a chat reply may use the rest of the context, as in OpenAI's API and vLLM."""
+        limit = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        if limit is None:
+            if prompt_len >= max_model_len:
+                raise APIError(400, f"This model's maximum context length is {max_model_len} tokens. However, "
+                                    f"your messages resulted in {prompt_len} tokens. Please reduce the length "
+                                    "of the messages.", "messages")
+            limit = max_model_len - prompt_len
+        return self.sampling_params(limit, bool(self.logprobs))

@@ -1,0 +1,265 @@
+"""The OpenAI API of a real server, driven with the official `openai` client (and httpx for raw checks).
+
+"Correct text" is the offline engine's greedy output on the same model: the server runs speculative
+decoding with a draft that accepts about half its tokens, which must not change a greedy output.
+"""
+import asyncio
+import json
+
+import httpx
+import openai
+import pytest
+import torch
+
+from specserve import SamplingParams
+from specserve.benchmark.server_metrics import parse_prometheus
+from tests.server.conftest import wait_until
+
+MODEL = "tiny"
+
+
+@pytest.fixture(scope="module")
+def client(spec_server):
+    with openai.OpenAI(base_url=spec_server.base_url, api_key="unused", max_retries=0, timeout=60) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_target):
+    """The offline engine on the same model: greedy output the server must reproduce exactly."""
+    from specserve import LLM
+    threads = torch.get_num_threads()
+    # One thread, like the server: on two shared cores a second torch thread slows this 20x or more.
+    yield LLM(model=str(tiny_target), dtype="float32", max_model_len=1024, num_kv_blocks=512, num_threads=1)
+    torch.set_num_threads(threads)
+
+
+def greedy(reference, prompts, max_tokens, **kw):
+    """Offline greedy outputs of one prompt or a batch (texts, token ids or chat messages) and lengths."""
+    one = not isinstance(prompts, list) or not isinstance(prompts[0], (list, str))
+    prompts = [prompts] if one else prompts
+    lengths = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(prompts)
+    inputs = [reference.tokenizer.encode_chat(p) if isinstance(p, list) and isinstance(p[0], dict) else p
+              for p in prompts]
+    outs = reference.generate(inputs, [SamplingParams(max_tokens=n, temperature=0, **kw) for n in lengths])
+    return outs[0] if one else outs
+
+
+def test_startup_line_names_url_model_draft_and_kv_capacity(spec_server, tiny_draft):
+    line = next(l for l in spec_server.log.splitlines() if "specserve serving" in l)
+    assert spec_server.base_url in line and f"draft {tiny_draft} (k=3)" in line
+    assert "model " in line and "KV cache " in line and " tokens (" in line
+
+
+def test_completion_matches_offline_greedy_and_reports_speculation(client, reference):
+    want = greedy(reference, "The quick brown fox", 40, ignore_eos=True)
+    r = client.completions.create(model=MODEL, prompt="The quick brown fox", max_tokens=40, temperature=0,
+                                  extra_body={"ignore_eos": True})
+    assert r.object == "text_completion" and r.choices[0].text == want.text
+    assert r.choices[0].finish_reason == "length"
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (len(want.prompt_token_ids), 40)
+    assert r.usage.total_tokens == r.usage.prompt_tokens + 40
+    spec = r.model_extra["speculative"]
+    assert spec["num_drafts"] > 0 and 0 < spec["num_accepted_tokens"] <= spec["num_draft_tokens"]
+    assert spec["mean_acceptance_length"] == pytest.approx(1 + spec["num_accepted_tokens"] / spec["num_drafts"],
+                                                           abs=1e-3)
+    assert sum(spec["accepted_per_position"]) == spec["num_accepted_tokens"]
+
+
+def test_token_id_prompt_and_alias_model_name(client, reference):
+    ids = [72, 101, 108, 108, 111]
+    want = greedy(reference, ids, 12, ignore_eos=True)
+    r = client.completions.create(model="tiny-alias", prompt=ids, max_tokens=12, temperature=0,
+                                  extra_body={"ignore_eos": True})
+    assert r.choices[0].text == want.text and r.model == "tiny-alias"
+
+
+def test_chat_uses_the_model_chat_template(client, reference):
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "Hello there"}]
+    want = greedy(reference, messages, 24)
+    r = client.chat.completions.create(model=MODEL, messages=messages, max_completion_tokens=24, temperature=0)
+    assert r.object == "chat.completion"
+    assert r.choices[0].message.role == "assistant" and r.choices[0].message.content == want.text
+    assert r.choices[0].finish_reason == want.finish_reason
+    assert r.usage.prompt_tokens == len(want.prompt_token_ids)
+    # content given as a list of text parts renders the same
+    parts = [messages[0], {"role": "user", "content": [{"type": "text", "text": "Hello there"}]}]
+    r2 = client.chat.completions.create(model=MODEL, messages=parts, max_tokens=24, temperature=0)
+    assert r2.choices[0].message.content == want.text
+
+
+def test_chat_stream_with_usage(client, reference):
+    messages = [{"role": "user", "content": "Stream me something"}]
+    want = greedy(reference, messages, 30, ignore_eos=True)
+    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=30, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True},
+                                                 extra_body={"ignore_eos": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == want.text
+    finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finals) == 1 and finals[0].choices[0].finish_reason == "length"
+    assert finals[0].model_extra["speculative"]["num_drafts"] > 0
+    last = chunks[-1]
+    assert last.choices == [] and last.usage.completion_tokens == 30
+    assert last.usage.prompt_tokens == len(want.prompt_token_ids)
+    assert all(c.usage is None for c in chunks[:-1])
+    assert len(chunks) > 3  # really streamed, not one blob
+
+
+def test_completion_stream_raw_sse_format(spec_server, reference):
+    want = greedy(reference, "raw sse", 10, ignore_eos=True)
+    body = {"model": MODEL, "prompt": "raw sse", "max_tokens": 10, "temperature": 0, "stream": True,
+            "ignore_eos": True}
+    with httpx.stream("POST", spec_server.base_url + "/completions", json=body, timeout=30) as resp:
+        assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/event-stream")
+        lines = [l for l in resp.iter_lines() if l]
+    assert all(l.startswith("data: ") for l in lines) and lines[-1] == "data: [DONE]"
+    chunks = [json.loads(l[6:]) for l in lines[:-1]]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == want.text
+    assert "usage" not in chunks[-1] and chunks[-1]["speculative"]["num_draft_tokens"] > 0
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_stop_sequences(client, reference, stream):
+    full = greedy(reference, "stop here", 60, ignore_eos=True).text
+    # a two-character stop string from the middle of the text (printable, so the byte decoding is settled)
+    i = next(i for i in range(10, len(full) - 2) if full[i:i + 2].isprintable() and full[i:i + 2].strip())
+    stop = full[i:i + 2]
+    r = client.completions.create(model=MODEL, prompt="stop here", max_tokens=60, temperature=0, stop=[stop, "\x00zz"],
+                                  stream=stream, extra_body={"ignore_eos": True})
+    if stream:
+        chunks = list(r)
+        text = "".join(c.choices[0].text for c in chunks)
+        reason = chunks[-1].choices[0].finish_reason
+    else:
+        text, reason = r.choices[0].text, r.choices[0].finish_reason
+    assert text == full[:full.find(stop)] and reason == "stop"
+
+
+def test_seeds_reproduce_sampled_output(client):
+    def sample(seed):
+        return client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=30, temperature=1.0,
+                                         top_p=0.95, seed=seed, extra_body={"ignore_eos": True}).choices[0].text
+    a, b, c = sample(7), sample(7), sample(8)
+    assert a == b and a != c
+
+
+def test_vllm_extras_top_k_and_min_tokens(client, reference):
+    # top_k = 1 samples the argmax: the greedy text even at temperature 1
+    want = greedy(reference, "extras", 16, ignore_eos=True)
+    r = client.completions.create(model=MODEL, prompt="extras", max_tokens=16, temperature=1.0,
+                                  extra_body={"top_k": 1, "ignore_eos": True, "min_tokens": 16})
+    assert r.choices[0].text == want.text and r.usage.completion_tokens == 16
+
+
+def test_completion_logprobs(client, reference):
+    want = greedy(reference, "logprobs", 8, ignore_eos=True, logprobs=True)
+    r = client.completions.create(model=MODEL, prompt="logprobs", max_tokens=8, temperature=0, logprobs=0,
+                                  extra_body={"ignore_eos": True})
+    lp = r.choices[0].logprobs
+    assert lp.token_logprobs == pytest.approx(want.logprobs, abs=1e-4)
+    assert len(lp.tokens) == 8 and [list(d.values())[0] for d in lp.top_logprobs] == lp.token_logprobs
+    assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+    streamed = list(client.completions.create(model=MODEL, prompt="logprobs", max_tokens=8, temperature=0,
+                                              logprobs=0, stream=True, extra_body={"ignore_eos": True}))
+    got = [x for c in streamed if c.choices[0].logprobs for x in c.choices[0].logprobs.token_logprobs]
+    assert got == pytest.approx(want.logprobs, abs=1e-4)
+    offsets = [x for c in streamed if c.choices[0].logprobs for x in c.choices[0].logprobs.text_offset]
+    assert offsets == lp.text_offset  # a stream's offsets continue across chunks
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "lp"}], max_tokens=6,
+                                          temperature=0, logprobs=True, extra_body={"ignore_eos": True})
+    content = chat.choices[0].logprobs.content
+    assert len(content) == 6 and all(c.logprob <= 0 and c.top_logprobs == [] for c in content)
+
+
+def test_models_health_and_unknown_model(client, spec_server):
+    models = client.models.list().data
+    assert [m.id for m in models] == ["tiny", "tiny-alias"] and models[0].model_extra["max_model_len"] == 1024
+    assert client.models.retrieve("tiny").id == "tiny"
+    assert httpx.get(spec_server.root + "/health").json() == {"status": "ok"}
+
+
+def test_metrics_expose_vllm_style_names_and_match_responses(client, spec_server):
+    before = parse_prometheus(httpx.get(spec_server.root + "/metrics").text)
+    per_response = [client.completions.create(model=MODEL, prompt=f"metrics {i}", max_tokens=20, temperature=0,
+                                              extra_body={"ignore_eos": True}).model_extra["speculative"]
+                    for i in range(3)]
+    after = parse_prometheus(httpx.get(spec_server.root + "/metrics").text)
+    # the benchmark client reads these counters; they must agree with the per-response stats
+    assert after["spec_drafts"] - before["spec_drafts"] == sum(s["num_drafts"] for s in per_response)
+    assert after["spec_accepted_tokens"] - before["spec_accepted_tokens"] == sum(
+        s["num_accepted_tokens"] for s in per_response)
+    assert after["spec_draft_tokens"] - before["spec_draft_tokens"] == sum(s["num_draft_tokens"] for s in per_response)
+    assert "preemptions" in after
+    text = httpx.get(spec_server.root + "/metrics").text
+    for name in ("request_success_total{", "num_requests_running{", "num_requests_waiting{", "kv_cache_usage_perc{",
+                 "time_to_first_token_seconds_bucket{", "time_per_output_token_seconds_bucket{",
+                 "inter_token_latency_seconds_bucket{", "e2e_request_latency_seconds_bucket{",
+                 "request_queue_time_seconds_bucket{", "prompt_tokens_total{", "generation_tokens_total{",
+                 "spec_decode_num_accepted_tokens_per_pos_total{", "spec_decode_draft_length_bucket{",
+                 "spec_decode_step_draft_length_bucket{", "num_preemptions_total{"):
+        assert "specserve:" + name in text, name
+    assert 'position="0"' in text and 'finished_reason="length"' in text
+    assert "_created" not in text
+
+
+def test_50_concurrent_streaming_clients_get_correct_text(spec_server, reference):
+    n = 50
+    prompts = [f"Client {i} says hi" for i in range(n)]
+    messages = [[{"role": "user", "content": f"Chat client {i}"}] for i in range(n)]
+    lengths = [8 + (i * 7) % 40 for i in range(n)]
+    # half completions, half chat; each compared with the offline greedy output for the same input
+    want = [o.text for o in greedy(reference, [prompts[i] if i % 2 else messages[i] for i in range(n)],
+                                   lengths, ignore_eos=True)]
+
+    async def one(c, i):
+        kw = dict(model=MODEL, max_tokens=lengths[i], temperature=0, stream=True,
+                  stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+        if i % 2:
+            stream = await c.completions.create(prompt=prompts[i], **kw)
+            pieces = [ch.choices[0].text async for ch in stream if ch.choices]
+        else:
+            stream = await c.chat.completions.create(messages=messages[i], **kw)
+            pieces = []
+            async for ch in stream:
+                if ch.choices:
+                    pieces.append(ch.choices[0].delta.content or "")
+                else:
+                    usage = ch.usage
+            assert usage.completion_tokens == lengths[i]
+        return "".join(pieces)
+
+    async def main():
+        async with openai.AsyncOpenAI(base_url=spec_server.base_url, api_key="unused", max_retries=0,
+                                      timeout=120) as c:
+            return await asyncio.gather(*(one(c, i) for i in range(n)))
+
+    got = asyncio.run(main())
+    assert [i for i in range(n) if got[i] != want[i]] == []
+    assert wait_until(lambda: spec_server.metric("specserve:num_requests_running") == 0, timeout=10)
+
+
+def _kv_free(server) -> bool:
+    return (server.metric("specserve:kv_cache_usage_perc") == 0
+            and server.metric("specserve:num_requests_running") == 0)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_client_disconnect_aborts_the_request_and_frees_its_kv(spec_server, stream):
+    aborts = spec_server.metric("specserve:request_success_total", finished_reason="abort")
+    # long enough (seconds) that it cannot finish before the client leaves
+    body = {"model": MODEL, "prompt": "a long one", "max_tokens": 1000, "temperature": 0, "ignore_eos": True,
+            "stream": stream}
+    if stream:
+        with httpx.stream("POST", spec_server.base_url + "/completions", json=body, timeout=30) as resp:
+            lines = resp.iter_lines()  # kept: dropping a half-read iterator would close the connection already
+            first = next(l for l in lines if l.startswith("data: "))
+            assert json.loads(first[6:])["choices"]
+            assert spec_server.metric("specserve:kv_cache_usage_perc") > 0  # it is still generating
+        # leaving the `with` closes the connection mid-stream
+    else:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(spec_server.base_url + "/completions", json=body, timeout=httpx.Timeout(30, read=0.05))
+    assert wait_until(lambda: _kv_free(spec_server), timeout=20)
+    assert spec_server.metric("specserve:request_success_total", finished_reason="abort") == aborts + 1

@@ -1,0 +1,152 @@
+"""Process-level behaviour: SIGTERM drains and exits 0, the default speculative choice, the real model."""
+import argparse
+import asyncio
+import json
+import signal
+import time
+
+import httpx
+import openai
+import pytest
+
+from specserve.server import cli as server_cli
+from specserve.server.serving import SHUTDOWN_MESSAGE
+from tests.server.conftest import ServerProcess, tiny_args
+
+
+async def _stream(url: str, body: dict) -> dict:
+    """Read one SSE stream to its end: the text, the usage and whether [DONE] came."""
+    out = {"text": "", "usage": None, "done": False}
+    async with httpx.AsyncClient(timeout=60) as http:
+        try:
+            async with http.stream("POST", url, json=body) as resp:
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data: "):
+                        continue
+                    if line == "data: [DONE]":
+                        out["done"] = True
+                        continue
+                    chunk = json.loads(line[6:])
+                    if "error" in chunk:
+                        out["error"] = chunk["error"]["message"]
+                    elif chunk["choices"]:
+                        out["text"] += chunk["choices"][0]["text"]
+                    out["usage"] = chunk.get("usage") or out["usage"]
+        except httpx.HTTPError as e:  # cut off
+            out["error"] = type(e).__name__
+    return out
+
+
+async def _all_in_engine(server, n: int) -> None:
+    """Until the server holds all `n` requests (one running, the rest queued behind it)."""
+    for _ in range(600):
+        if (server.metric("specserve:num_requests_running") == 1
+                and server.metric("specserve:num_requests_waiting") == n - 1):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the server never held {n} requests")
+
+
+def _long_body(n: int) -> dict:
+    return {"prompt": "drain me", "max_tokens": n, "temperature": 0, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}
+
+
+def test_sigterm_drains_in_flight_requests_refuses_new_ones_and_exits_0(tiny_target, tmp_path):
+    # one request at a time and no speculation: the second stream waits behind the first, so the drain
+    # has seconds of work to wait for
+    server = ServerProcess(tiny_args(tiny_target, "--speculative-config", "none", "--max-num-seqs", "1"),
+                           tmp_path / "drain.log")
+    url = server.base_url + "/completions"
+
+    async def main():
+        streams = [asyncio.create_task(_stream(url, _long_body(500))) for _ in range(2)]
+        await _all_in_engine(server, 2)
+        server.proc.send_signal(signal.SIGTERM)
+        async with httpx.AsyncClient(timeout=10) as http:
+            # the drain starts on the server's next tick (0.1 s)
+            for _ in range(50):
+                refused = await http.post(url, json={"prompt": "late", "max_tokens": 2})
+                if refused.status_code == 503:
+                    break
+                await asyncio.sleep(0.05)
+            assert refused.status_code == 503 and refused.json()["error"]["type"] == "service_unavailable"
+            assert (await http.get(server.root + "/health")).status_code == 503
+        return await asyncio.gather(*streams)
+
+    try:
+        results = asyncio.run(main())
+        assert server.proc.wait(60) == 0
+    finally:
+        server.stop()
+    for r in results:
+        assert r["done"] and r["usage"]["completion_tokens"] == 500 and "error" not in r
+    assert "draining: 2 request(s) in flight" in server.log
+
+
+def test_drain_timeout_aborts_what_is_left_and_still_exits_0(tiny_target, tmp_path):
+    server = ServerProcess(tiny_args(tiny_target, "--speculative-config", "none", "--max-num-seqs", "1",
+                                     "--drain-timeout", "0.5"), tmp_path / "timeout.log")
+    url = server.base_url + "/completions"
+
+    async def main():
+        streams = [asyncio.create_task(_stream(url, _long_body(1000))) for _ in range(3)]
+        await _all_in_engine(server, 3)
+        t0 = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        results = await asyncio.gather(*streams)
+        return results, time.monotonic() - t0
+
+    try:
+        results, elapsed = asyncio.run(main())
+        assert server.proc.wait(30) == 0
+    finally:
+        server.stop()
+    assert elapsed < 10  # 0.5 s of drain and the aborts, not the ~3000 tokens still to generate
+    # every stream, running or queued, ends properly and says why
+    assert [(r["done"], r.get("error")) for r in results] == [(True, SHUTDOWN_MESSAGE)] * 3, (results, server.log)
+    assert "drain timeout: aborting 3 request(s)" in server.log and "Traceback" not in server.log
+
+
+def test_a_taken_port_is_a_one_line_error(tiny_target, spec_server):
+    import subprocess
+    import sys
+    port = spec_server.root.rsplit(":", 1)[1]
+    p = subprocess.run([sys.executable, "-m", "specserve", "serve", "--model", str(tiny_target), "--port", port],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and p.stderr.startswith("error: cannot listen on 127.0.0.1:") and "Traceback" not in p.stderr
+
+
+def _args(model="smollm2-135m", spec=None):
+    return argparse.Namespace(model=model, speculative_config=spec)
+
+
+def test_default_speculative_config(monkeypatch, tmp_path):
+    import specserve.spec.drafts as drafts
+    monkeypatch.setattr(drafts, "shipped_draft_dir", lambda name: tmp_path / name)
+    assert server_cli.speculative_choice(_args())[0] is None  # no shipped draft yet: plain decoding
+    (tmp_path / "chat").mkdir()
+    (tmp_path / "chat" / "config.json").write_text("{}")
+    assert json.loads(server_cli.speculative_choice(_args())[0]) == {"model": "default", "num_speculative_tokens": 4}
+    assert server_cli.speculative_choice(_args(model="/some/other/model"))[0] is None  # vocabularies differ
+    assert server_cli.speculative_choice(_args(spec="none"))[0] is None
+    given = '{"method": "ngram", "num_speculative_tokens": 2}'
+    assert server_cli.speculative_choice(_args(spec=given))[0] == given
+
+
+@pytest.mark.slow
+def test_real_default_model_chat_completion(smollm2_dir, tmp_path):
+    from specserve import LLM, SamplingParams
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    want = LLM(model="smollm2-135m", max_model_len=512, num_kv_blocks=64).chat(
+        messages, SamplingParams(max_tokens=16, temperature=0))[0]
+    server = ServerProcess(["--model", "smollm2-135m", "--max-model-len", "512"], tmp_path / "real.log")
+    try:
+        with openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0, timeout=120) as c:
+            r = c.chat.completions.create(model="smollm2-135m", messages=messages, max_tokens=16, temperature=0)
+    finally:
+        assert server.stop() == 0
+    assert r.choices[0].message.content == want.text and want.text.strip()
+    assert r.usage.completion_tokens == len(want.token_ids)
+    assert "speculative decoding" in server.log
+
