@@ -17,7 +17,10 @@ $(VENV)/.installed: pyproject.toml
 
 run: setup
 	$(VENV)/bin/specserve models fetch smollm2-135m
-	$(VENV)/bin/specserve generate --max-tokens 64
+	@echo "Starting specserve on http://127.0.0.1:8000/v1 (Ctrl+C drains and stops). From another shell:"
+	@echo "  curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\"
+	@echo "    -d '{\"model\": \"smollm2-135m\", \"messages\": [{\"role\": \"user\", \"content\": \"Write a haiku about CPUs\"}]}'"
+	$(VENV)/bin/specserve serve --model smollm2-135m --port 8000
 
 test: setup
 	$(PY) -m pytest

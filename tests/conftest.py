@@ -3,8 +3,9 @@ import os
 import pytest
 import torch
 
-# Two cores: keep torch from oversubscribing when pytest and a server subprocess run side by side.
-torch.set_num_threads(int(os.environ.get("SPECSERVE_TEST_THREADS", "2")))
+# One thread by default: on a 2-core machine, torch with 2 threads slows 10-50x as soon as another
+# process (a test server, a benchmark) wants a core, because every op waits for both threads.
+torch.set_num_threads(int(os.environ.get("SPECSERVE_TEST_THREADS", "1")))
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-model-len", type=int, default=None)
     g.add_argument("--block-size", type=int, default=16)
     g.add_argument("--kv-cache-memory", type=float, default=1.0, help="GiB (>= 1) or fraction of free memory (< 1)")
+    g.add_argument("--num-kv-blocks", type=int, default=None, help="exact number of KV blocks (overrides --kv-cache-memory)")
     g.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     g.add_argument("--seed", type=int, default=0)
 
@@ -29,5 +30,6 @@ def engine_config_from_args(args):
     return EngineConfig(model=args.model, dtype=args.dtype, device=device, max_num_seqs=args.max_num_seqs,
                         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
                         block_size=args.block_size, kv_cache_memory=args.kv_cache_memory,
+                        num_kv_blocks=args.num_kv_blocks,
                         num_threads=args.num_threads, seed=args.seed,
                         speculative_config=args.speculative_config)
