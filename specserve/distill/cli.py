@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import sys
 
 
 def register(subparsers) -> None:
@@ -32,11 +31,23 @@ def register(subparsers) -> None:
     p.add_argument("--echo", type=int, default=2, help="optimizer steps per teacher shard")
     p.add_argument("--topk", type=int, default=32, help="target logits cached per position")
     p.add_argument("--chat-prompts", type=int, help="ShareGPT prompts to generate target replies for (default all)")
+    p.add_argument("--reply-tokens", type=int, default=192, help="longest target reply generated per chat prompt")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work", help="work directory for caches and checkpoints (default runs/distill/<out name>)")
     p.add_argument("--resume", action="store_true", help="continue from the work directory's checkpoint")
     p.add_argument("--threads", type=int, help="torch CPU threads")
     p.set_defaults(func=_run)
+
+
+def _command(args: argparse.Namespace) -> str:
+    """The run as one explicit command line (every option, defaults included), for the draft's TRAINING.md."""
+    parts = ["specserve", "distill"]
+    for key, value in vars(args).items():
+        if key in ("func", "command", "resume") or value is None or value is False:
+            continue
+        flag = "--" + key.replace("_", "-")
+        parts += [flag, *map(str, value)] if isinstance(value, list) else [flag] if value is True else [flag, str(value)]
+    return shlex.join(parts)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -57,8 +68,8 @@ def _run(args: argparse.Namespace) -> int:
     cfg = DistillConfig(target=args.target, out=out, corpus=args.corpus, work=work, layers=args.layers,
                         hidden=args.hidden, embedding_rank=args.embedding_rank or None,
                         draft_vocab=args.draft_vocab or None, window=args.window, topk=args.topk,
-                        chat_prompts=args.chat_prompts, train=tcfg, resume=args.resume,
-                        command="specserve " + shlex.join(sys.argv[1:]))
+                        chat_prompts=args.chat_prompts, max_reply_tokens=args.reply_tokens, train=tcfg,
+                        resume=args.resume, command=_command(args))
     with ProgressBar() as bar:
         run(cfg, log=bar.log, progress_cb=bar.update)
     return 0

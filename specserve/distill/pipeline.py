@@ -43,6 +43,20 @@ def _vocab_fingerprint(tokenizer) -> str:
     return hashlib.sha256(json.dumps(sorted(tokenizer.hf.get_vocab().items())).encode()).hexdigest()[:16]
 
 
+def _git_revision() -> str | None:
+    """The specserve commit the run used (+ "dirty" when the distill code had local edits), if in git."""
+    import subprocess
+    root = Path(__file__).resolve().parents[2]
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                             timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "specserve/distill", "specserve/model"], cwd=root,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (rev + (" (with uncommitted changes)" if dirty else "")) if rev else None
+
+
 def build_data(cfg: DistillConfig, target, log) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Training windows (shuffled), held-out windows and the token stream used for vocabulary counts."""
     tok, eos = target.tokenizer, target.tokenizer.eos_token_ids[0]
@@ -106,11 +120,9 @@ def run(cfg: DistillConfig, log=print, progress_cb=None) -> dict:
     target = load_model(cfg.target, "float32")
     meta_path = cfg.work / "meta.json"
     fingerprint = _vocab_fingerprint(target.tokenizer)
-    if cfg.resume and meta_path.exists():
-        meta = json.loads(meta_path.read_text())
-        if meta["tokenizer"] != fingerprint:
-            raise SpecServeError(f"cannot resume {cfg.work}: it was distilled for a target with a different "
-                                 f"tokenizer than {cfg.target}")
+    if cfg.resume and meta_path.exists() and json.loads(meta_path.read_text())["tokenizer"] != fingerprint:
+        raise SpecServeError(f"cannot resume {cfg.work}: it was distilled for a target with a different "
+                             f"tokenizer than {cfg.target}")
     train_w, eval_w, stream = build_data(cfg, target, log)
     vocab_map = None
     if cfg.draft_vocab and cfg.draft_vocab < target.config.vocab_size:
@@ -145,6 +157,8 @@ def run(cfg: DistillConfig, log=print, progress_cb=None) -> dict:
             "teacher_tokens_cached": cache.tokens_taught, "prep_seconds": round(prep_seconds, 1),
             "train": asdict(cfg.train), **summary}
     export_draft(student, vocab_map, target.path, cfg.out, info)
+    from specserve.distill.card import write_card
+    write_card(cfg.out, cfg.work, _git_revision())
     log(f"saved draft to {cfg.out}: {params / 1e6:.1f}M parameters, held-out top-1 agreement "
         f"{summary['heldout_top1_agreement']:.1%}, {summary['train_seconds'] / 60:.1f} min training")
     return info

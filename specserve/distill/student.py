@@ -79,7 +79,8 @@ def init_student(target: LlamaModel, config: ModelConfig, vocab_map: torch.Tenso
         else:
             model.embed_tokens.weight.copy_(projected)
         head = out_rows if vocab_map is None else out_rows[vocab_map]
-        # The final RMSNorm output has norm ~sqrt(hidden); unit-norm rows keep the first logits at std ~1
-        # (the target's own row norms would start the draft with logits in the tens and a huge loss).
-        model.lm_head.weight.copy_(head / head.norm(dim=-1).mean())
+        # The final RMSNorm output has norm ~sqrt(hidden) and, through near-identity layers, points along
+        # the input token's embedding, i.e. along that token's own head row: rows of norm 3/sqrt(hidden)
+        # keep the first logits within ~3 instead of a confident "repeat the input" (initial loss ~20).
+        model.lm_head.weight.copy_(head / head.norm(dim=-1).mean() * 3 / h ** 0.5)
     return model

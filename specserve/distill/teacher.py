@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from specserve.distill.student import causal_forward
@@ -29,13 +30,16 @@ def teach(target, windows: np.ndarray, k: int, chunk: int = 16) -> dict[str, tor
     out = {key: [] for key in CACHE_KEYS}
     for start in range(0, len(ids_all), chunk):
         ids = ids_all[start:start + chunk]
-        hidden = causal_forward(target, ids.clamp_min(0))
+        # Padding sits at the end of rows: run only up to the chunk's longest row, fill the rest.
+        length = int((ids >= 0).sum(1).max())
+        hidden = causal_forward(target, ids[:, :length].clamp_min(0))
         logits = target.lm_head(hidden.to(dtype)).float()
         values, idx = logits.topk(k, dim=-1)
+        pad = ids.shape[1] - length
         out["tokens"].append(ids.int())
-        out["topk_ids"].append(idx.int())
-        out["topk_logits"].append(values.half())
-        out["lse"].append(logits.logsumexp(-1))
+        out["topk_ids"].append(F.pad(idx.int(), (0, 0, 0, pad)))
+        out["topk_logits"].append(F.pad(values.half(), (0, 0, 0, pad)))
+        out["lse"].append(F.pad(logits.logsumexp(-1), (0, pad)))
     return {key: torch.cat(v) for key, v in out.items()}
 
 

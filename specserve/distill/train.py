@@ -94,12 +94,13 @@ def train(model, vocab_map, cache: TeacherCache, eval_shard: dict, cfg: TrainCon
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
-    step, elapsed, tokens_seen = 0, 0.0, 0
+    step, elapsed, tokens_seen, loss_avg = 0, 0.0, 0, None
     if resume and ckpt_path.exists():
         state = torch.load(ckpt_path, weights_only=False)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         step, elapsed, tokens_seen = state["step"], state["elapsed"], state["tokens_seen"]
+        loss_avg = state.get("loss_avg")
         torch.set_rng_state(state["rng"])
     elif log_path.exists():
         log_path.unlink()
@@ -111,7 +112,6 @@ def train(model, vocab_map, cache: TeacherCache, eval_shard: dict, cfg: TrainCon
     agree = agreement(model, eval_shard, vocab_map) if step == 0 else None
     if step == 0:
         _log(log_path, {"step": 0, "elapsed": 0.0, "agreement": agree})
-    loss_avg = None
 
     def progress() -> float:
         parts = []
@@ -137,7 +137,7 @@ def train(model, vocab_map, cache: TeacherCache, eval_shard: dict, cfg: TrainCon
         opt.step()
         step += 1
         tokens_seen += int((batch["tokens"] >= 0).sum())
-        loss_avg = float(loss) if loss_avg is None else 0.95 * loss_avg + 0.05 * float(loss)
+        loss_avg = float(loss.detach()) if loss_avg is None else 0.95 * loss_avg + 0.05 * float(loss.detach())
         elapsed = time.monotonic() - start
         if step % cfg.eval_every == 0:
             agree = agreement(model, eval_shard, vocab_map)
@@ -149,21 +149,21 @@ def train(model, vocab_map, cache: TeacherCache, eval_shard: dict, cfg: TrainCon
             progress_cb(progress=min(1.0, progress()), step=step, loss=loss_avg, agreement=agree,
                         tokens_per_s=tokens_seen / max(elapsed, 1e-9), elapsed=elapsed)
         if time.monotonic() - last_ckpt > cfg.checkpoint_seconds:
-            _checkpoint(ckpt_path, model, opt, step, elapsed, tokens_seen, cfg)
+            _checkpoint(ckpt_path, model, opt, step, elapsed, tokens_seen, loss_avg, cfg)
             last_ckpt = time.monotonic()
     agree = agreement(model, eval_shard, vocab_map)
     elapsed = time.monotonic() - start
     _log(log_path, {"step": step, "elapsed": round(elapsed, 1), "loss": loss_avg, "tokens": tokens_seen,
                     "agreement": round(agree, 4), "final": True})
-    _checkpoint(ckpt_path, model, opt, step, elapsed, tokens_seen, cfg)
+    _checkpoint(ckpt_path, model, opt, step, elapsed, tokens_seen, loss_avg, cfg)
     return {"steps": step, "train_seconds": round(elapsed, 1), "tokens_seen": tokens_seen,
             "final_loss": loss_avg, "heldout_top1_agreement": round(agree, 4)}
 
 
-def _checkpoint(path: Path, model, opt, step, elapsed, tokens_seen, cfg) -> None:
+def _checkpoint(path: Path, model, opt, step, elapsed, tokens_seen, loss_avg, cfg) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "elapsed": elapsed,
-                "tokens_seen": tokens_seen, "rng": torch.get_rng_state(), "config": asdict(cfg)}, tmp)
+                "tokens_seen": tokens_seen, "loss_avg": loss_avg, "rng": torch.get_rng_state(), "config": asdict(cfg)}, tmp)
     tmp.replace(path)
 
 

@@ -1,0 +1,88 @@
+"""The data pipeline: held-out split, windows, draft vocabulary and coverage, teacher top-k cache format."""
+import numpy as np
+import torch
+
+from specserve.distill import corpus
+from specserve.distill.student import causal_forward
+from specserve.distill.teacher import PAD, TeacherCache, teach
+from specserve.model.loader import load_model
+
+
+def test_stdlib_split_is_disjoint_stable_and_about_one_in_twenty():
+    train, held = corpus.stdlib_files("train"), corpus.stdlib_files("eval")
+    assert not set(train) & set(held)
+    assert 0.02 < len(held) / (len(train) + len(held)) < 0.09
+    assert held == corpus.stdlib_files("eval")  # same split every call (hash of the path, not random)
+
+
+def test_chat_training_never_sees_benchmark_prompts():
+    bench = {q["text"].strip() for q in corpus.spec_bench_questions()}
+    train, held = corpus.sharegpt_prompts("train"), corpus.sharegpt_prompts("eval")
+    assert train and held and not set(train) & set(held)
+    assert not bench & set(train)
+    assert {"writing", "coding", "summarization", "translation", "rag"} <= {
+        q["category"] for q in corpus.spec_bench_questions()}
+
+
+def test_windows_and_padding():
+    stream = np.arange(10, dtype=np.int32)
+    assert corpus.stream_windows(stream, 4).tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    w = corpus.sample_windows([np.array([1, 2, 3]), np.arange(10)], 5, PAD)
+    assert w.tolist() == [[1, 2, 3, PAD, PAD], [0, 1, 2, 3, 4]]
+
+
+def test_frequent_vocab_keeps_the_most_frequent_and_the_required_tokens():
+    stream = np.array([5] * 10 + [7] * 5 + [9] * 3 + [1], dtype=np.int32)
+    vocab = corpus.frequent_vocab(stream, 3, vocab_size=12, must_keep=[11])
+    assert vocab == [5, 7, 11]
+    assert corpus.coverage(stream, vocab) == 15 / 19
+    assert corpus.coverage(stream, None) == 1.0
+
+
+def test_teacher_cache_holds_exact_top_k_and_logsumexp(tiny_target, tmp_path):
+    target = load_model(str(tiny_target), "float32")
+    windows = np.random.default_rng(0).integers(0, 256, (6, 12)).astype(np.int32)
+    windows[1, 9:] = PAD
+    entry = teach(target.model, windows, k=8, chunk=4)
+    assert entry["tokens"].dtype == torch.int32 and entry["topk_ids"].shape == (6, 12, 8)
+    assert entry["topk_logits"].dtype == torch.float16 and entry["lse"].dtype == torch.float32
+    logits = target.model.lm_head(causal_forward(target.model, torch.from_numpy(windows).long().clamp_min(0)))
+    assert torch.equal(entry["topk_ids"][..., 0].long(), logits.argmax(-1))
+    assert torch.allclose(entry["lse"], logits.logsumexp(-1), atol=1e-4)
+    assert torch.allclose(entry["topk_logits"].float(), logits.topk(8, dim=-1).values, atol=2e-2)
+    assert torch.equal(entry["tokens"][1, 9:], torch.full((3,), PAD, dtype=torch.int32))
+    alone = teach(target.model, windows[1:2], k=8)  # a chunk that is all padding after 9 tokens: trimmed
+    assert torch.equal(alone["topk_ids"][0, :9], entry["topk_ids"][1, :9]) and alone["topk_ids"].shape == (1, 12, 8)
+    # The dense causal forward used for teaching is the engine's model: same logits as a paged decode.
+    from specserve import LLM, SamplingParams
+    out = LLM(model=str(tiny_target), dtype="float32").generate(
+        [windows[0].tolist()], SamplingParams(max_tokens=1, temperature=0))[0]
+    assert out.token_ids[0] == int(entry["topk_ids"][0, -1, 0])
+
+    cache = TeacherCache(tmp_path / "cache", target.model, windows, shard_size=3, k=8)
+    first = cache.get(1)
+    assert cache.tokens_taught == int((windows[3:6] != PAD).sum()) and (tmp_path / "cache" / "shard-00001.safetensors").exists()
+    again = cache.get(1)  # served from disk, not taught again
+    assert cache.tokens_taught == int((windows[3:6] != PAD).sum())
+    assert all(torch.equal(first[k], again[k]) for k in first)
+
+
+def test_low_rank_embedding_draft_round_trips_and_matches_the_engine(tiny_target, tmp_path):
+    """The draft architecture the distiller ships (factorised input embedding, reduced head) saves, loads
+    and computes the same logits through the engine's paged forward as through the training forward."""
+    from specserve.distill.export import export_draft
+    from specserve.distill.student import draft_config, init_student
+    from specserve.engine.model_runner import ForwardItem, ModelRunner
+    target = load_model(str(tiny_target), "float32")
+    vocab = torch.arange(0, 260, 2)
+    cfg = draft_config(target.config, layers=2, hidden=64, draft_vocab=len(vocab), embedding_rank=16)
+    student = init_student(target.model, cfg, vocab, seed=0)
+    out = export_draft(student, vocab.tolist(), tiny_target, tmp_path / "d", {"note": "test"}, torch.float32)
+    loaded = load_model(str(out), "float32")
+    assert loaded.config.embedding_rank == 16 and loaded.config.draft_vocab_size == 130
+    ids = list(range(3, 40))
+    dense = loaded.model.lm_head(causal_forward(loaded.model, torch.tensor([ids])))[0]
+    assert torch.allclose(dense, student.lm_head(causal_forward(student, torch.tensor([ids])))[0], atol=1e-5)
+    runner = ModelRunner(loaded.model, num_blocks=8, block_size=16)
+    paged, _ = runner.forward([ForwardItem(ids, len(ids), list(range(8)), len(ids))])
+    assert torch.allclose(paged, dense, atol=1e-4)
