@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 
 import torch
@@ -66,16 +67,18 @@ def main() -> None:
     tok = plain.tokenizer
     code = evaluate.code_prompts(tok, args.code_prompts)
     chat = evaluate.chat_prompts(tok, args.per_category)
+    params = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
     rows = {}
     for name in args.drafts:
         spec = {"model": name, "num_speculative_tokens": args.k}
         llm = LLM(model=TARGET, speculative_config=spec, num_threads=args.threads)
-        res = {"code": evaluate.acceptance(llm, code)}
-        all_chat = []
+        outs = {"code": llm.generate(code, params)}
+        print(f"{name} code: {evaluate.tokens_per_step(outs['code']):.2f}", file=sys.stderr, flush=True)
         for cat, prompts in chat.items():
-            res[cat] = evaluate.acceptance(llm, prompts)
-            all_chat += prompts
-        res["chat (all)"] = evaluate.acceptance(llm, all_chat)
+            outs[cat] = llm.generate(prompts, params)
+            print(f"{name} {cat}: {evaluate.tokens_per_step(outs[cat]):.2f}", file=sys.stderr, flush=True)
+        res = {w: evaluate.tokens_per_step(o) for w, o in outs.items()}
+        res["chat (all)"] = evaluate.tokens_per_step([o for cat in chat for o in outs[cat]])
         draft_model = llm.engine.proposer.runner.model
         res["_params"] = sum(p.numel() for p in draft_model.parameters())
         res["_flops"] = evaluate.forward_flops(draft_model.config, 264)
