@@ -42,6 +42,8 @@ def read_config(model_dir: Path) -> ModelConfig:
         return ModelConfig.from_hf(json.loads(path.read_text()))
     except json.JSONDecodeError as e:
         raise ModelLoadError(f"corrupt config.json in {model_dir}: {e}") from None
+    except ModelLoadError as e:  # name the file: the config alone does not know where it came from
+        raise ModelLoadError(f"{path}: {e}") from None
 
 
 def _generation_eos(model_dir: Path) -> list[int]:
