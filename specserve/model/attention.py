@@ -35,7 +35,7 @@ class AttentionGroup:
     is_whole_batch: bool        # the group holds every token in order with Qmax == 1 (pure decode)
     # Made on first use, because they depend on the model's head counts (target and draft differ):
     bias: torch.Tensor | None = None      # [G, 1, heads_per_kv * Qmax, Kmax] float32, 0 or -inf
-    kv_index: torch.Tensor | None = None  # [G, Hkv, max_blocks] rows of the cache viewed as [blocks * Hkv, ...]
+    kv_index: torch.Tensor | None = None  # [G * Hkv * max_blocks] rows of the cache viewed as [blocks * Hkv, ...]
 
 
 @dataclass(slots=True)
@@ -119,12 +119,16 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
             group.bias = torch.zeros(allowed.shape, dtype=torch.float32, device=q.device).masked_fill_(
                 ~allowed, float("-inf")).view(num_seqs, 1, per_kv * qmax, kmax)
             heads = torch.arange(num_kv_heads, device=q.device)
-            group.kv_index = group.block_tables[:, None, :] * num_kv_heads + heads[None, :, None]
-        rows = k_cache.view(num_blocks * num_kv_heads, block_size, head_dim)
-        keys = rows[group.kv_index].flatten(2, 3)  # [G, Hkv, Kmax, D]
-        values = v_cache.view(num_blocks * num_kv_heads, block_size, head_dim)[group.kv_index].flatten(2, 3)
+            group.kv_index = (group.block_tables[:, None, :] * num_kv_heads + heads[None, :, None]).flatten()
+        # index_select, not advanced indexing: on the CPU it gathers these rows ~6x faster.
+        kmax = group.mask.shape[-1]  # max_blocks * block_size
+        keys = k_cache.view(num_blocks * num_kv_heads, block_size * head_dim).index_select(
+            0, group.kv_index).view(num_seqs, num_kv_heads, kmax, head_dim)  # [G, Hkv, Kmax, D]
+        values = v_cache.view(num_blocks * num_kv_heads, block_size * head_dim).index_select(
+            0, group.kv_index).view(num_seqs, num_kv_heads, kmax, head_dim)
         # [G, Qmax, H, D] -> [G, Hkv, per_kv * Qmax, D]: query head h uses KV head h // per_kv
-        queries = q[group.query_index].view(num_seqs, qmax, num_kv_heads, per_kv, head_dim)
+        queries = q.index_select(0, group.query_index.flatten()).view(num_seqs, qmax, num_kv_heads, per_kv,
+                                                                       head_dim)
         queries = queries.permute(0, 2, 3, 1, 4).reshape(num_seqs, num_kv_heads, per_kv * qmax, head_dim)
         scores = torch.matmul(queries, keys.transpose(-1, -2)).float().mul_(scale).add_(group.bias)
         o = torch.matmul(torch.softmax(scores, dim=-1).to(values.dtype), values)  # [G, Hkv, per_kv*Qmax, D]
