@@ -45,8 +45,7 @@ def _generate(args) -> int:
         args.chat = True
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, seed=args.request_seed, stop=args.stop, ignore_eos=args.ignore_eos)
-    config = engine_config_from_args(args)
-    llm = LLM(**{f: getattr(config, f) for f in config.__slots__})
+    llm = LLM(config=engine_config_from_args(args))
     inputs = [llm.tokenizer.encode_chat([{"role": "user", "content": p}]) if args.chat else p for p in prompts]
     t0 = time.perf_counter()
     outputs = llm.generate(inputs, params)

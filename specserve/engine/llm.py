@@ -8,8 +8,9 @@ from specserve.engine.sampling_params import SamplingParams
 
 
 class LLM:
-    def __init__(self, model: str = "smollm2-135m", **engine_args):
-        self.engine = LLMEngine(EngineConfig(model=model, **engine_args))
+    def __init__(self, model: str = "smollm2-135m", config: EngineConfig | None = None, **engine_args):
+        """Engine flags as keyword arguments (vLLM's style), or a ready EngineConfig."""
+        self.engine = LLMEngine(config or EngineConfig(model=model, **engine_args))
         self.tokenizer = self.engine.tokenizer
 
     def generate(self, prompts: str | list[str] | list[list[int]],
