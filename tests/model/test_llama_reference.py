@@ -60,16 +60,17 @@ def test_ragged_batch_mixing_prefill_chunk_decodes_and_verifies(pair):
     ref, ours = pair
     rng = random.Random(2)
     # (tokens already cached, new tokens this step): a prefill chunk, two decodes, two 5-token
-    # verifies and a fresh prompt, each with its own scattered block table.
-    shapes = [(20, 30), (15, 1), (9, 1), (8, 5), (33, 5), (0, 12)]
-    block_size, blocks = 4, list(range(64))
+    # verifies, a fresh prompt and a long-context decode (which gets an attention group of its own),
+    # each with its own scattered block table.
+    shapes = [(20, 30), (15, 1), (9, 1), (8, 5), (33, 5), (0, 12), (150, 1)]
+    block_size, blocks = 4, list(range(128))
     rng.shuffle(blocks)
     tables, seqs, full = [], [], []
     for cached, new in shapes:
         n = -(-(cached + new) // block_size)
         tables.append([blocks.pop() for _ in range(n)])
         full.append(rng.choices(range(256), k=cached + new))
-    cache = new_cache(ours, 64, block_size)
+    cache = new_cache(ours, 128, block_size)
     warm = [(i, s) for i, s in enumerate(shapes) if s[0] > 0]  # fill the caches (itself a ragged step)
     run_step(ours, cache, [(0, full[i][:c], c) for i, (c, _) in warm], [tables[i] for i, _ in warm],
              block_size)
