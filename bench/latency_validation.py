@@ -33,6 +33,7 @@ def main() -> None:
     p.add_argument("--draft", default="default")
     p.add_argument("--fractions", default="0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8")
     p.add_argument("--requests-per-run", type=int, default=80)
+    p.add_argument("--duration", type=float, default=60.0, help="wall seconds of arrivals per run")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--port", type=int, default=8123)
     p.add_argument("--max-model-len", type=int, default=1024)
@@ -56,7 +57,8 @@ def main() -> None:
         lengths = (["--input-len", "256", "--output-len", "128"] if workload == "fixed"
                    else ["--trace", "azure-conv", "--scale-trace", "--max-model-len", str(args.max_model_len)])
         specserve("bench", "sweep", "--configs", str(config_file), "--fractions", args.fractions,
-                  "--max-requests", str(args.requests_per_run), "--tokenizer", tokenizer, "--no-progress",
+                  "--max-requests", str(args.requests_per_run),
+                  "--duration", str(args.duration), "--tokenizer", tokenizer, "--no-progress",
                   "--results", str(results), "--log-dir", str(out / "server_logs"), *lengths)
         table = out / f"{workload}_validation.md"
         specserve("latency", "validate", str(results), "--markdown", str(table))
