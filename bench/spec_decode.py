@@ -47,7 +47,9 @@ def chat_prompts(tokenizer, n: int) -> tuple[list[list[int]], list[str]]:
 class Config:
     def __init__(self, name: str, k: int, spec: dict | None, args):
         self.name, self.k = name, k
-        self.llm = LLM(model="smollm2-135m", dtype=args.dtype, num_threads=args.threads, kv_cache_memory=0.25,
+        # A fixed block count (~0.37 GiB for SmolLM2) rather than a memory fraction: one engine per
+        # configuration lives at once, and batch 32 x (200 + 64 + 8) tokens needs ~580 blocks of 16.
+        self.llm = LLM(model="smollm2-135m", dtype=args.dtype, num_threads=args.threads, num_kv_blocks=1024,
                        max_num_seqs=64, speculative_config=spec)
         self.reset()
 

@@ -9,7 +9,7 @@ verifies), so that a 512-token prefill does not pad every decode to 512 queries,
 context length, so that a 40-token chat does not gather and multiply 2,000 padded keys because it
 decodes beside a long document (the keys' memory traffic is what a CPU decode step's attention costs).
 Inside a group, queries are padded to the group's longest, keys are gathered from the cache through
-each sequence's block table, and two batched matmuls with an additive causal mask do the rest. Index tensors and the mask are
+each sequence's block table, and attention runs under a causal mask. Index tensors and the mask are
 built once per step (`AttentionMetadata.build`) and reused by every layer: that is the only
 per-sequence Python work.
 
