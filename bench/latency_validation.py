@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -47,7 +48,7 @@ def main() -> None:
     configs = [{"label": "no-sd", "k": 0, "launch": f"{serve} --speculative-config none"}]
     for k in [int(x) for x in args.ks.split(",")]:
         spec = json.dumps({"model": args.draft, "num_speculative_tokens": k}).replace(" ", "")
-        configs.append({"label": f"k{k}", "k": k, "launch": f"{serve} --speculative-config {spec}"})
+        configs.append({"label": f"k{k}", "k": k, "launch": f"{serve} --speculative-config {shlex.quote(spec)}"})
     for c in configs:
         c["base_url"] = f"http://127.0.0.1:{args.port}"
     config_file = out / "configs.json"
