@@ -8,6 +8,12 @@ k, predict the held-out ones; MAPE of mean E2E, TTFT, TPOT and E2E p95/p99).
 Workloads: `fixed` (256-token prompts, 128-token outputs) and `azure` (the Azure conversation trace's
 lengths, replayed with its clock scaled to each rate, prompts clipped to --max-model-len).
 
+Each run must reach a steady state before it is measured: on a 2-core CPU a 128-token request takes
+10-15 s end to end, so the in-flight count ramps up for that long after the run starts, and a run
+measured from its first request looks like a growing queue (the fitter then excludes it as saturated).
+Hence the defaults: 90 s of arrivals per run, the first 25 s sent but not measured; with the drain,
+each run takes about 2 minutes, so 5 configurations x 8 rates take over an hour per workload there.
+
     python bench/latency_validation.py [--out runs/latency] [--workloads fixed,azure] [--ks 1,2,4,6]
 """
 from __future__ import annotations
@@ -33,8 +39,10 @@ def main() -> None:
     p.add_argument("--ks", default="1,2,4,6")
     p.add_argument("--draft", default="default")
     p.add_argument("--fractions", default="0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8")
-    p.add_argument("--requests-per-run", type=int, default=80)
-    p.add_argument("--duration", type=float, default=60.0, help="wall seconds of arrivals per run")
+    p.add_argument("--requests-per-run", type=int, default=200)
+    p.add_argument("--duration", type=float, default=90.0, help="wall seconds of arrivals per run")
+    p.add_argument("--discard-first", type=float, default=25.0,
+                   help="seconds of each run sent but not measured (ramp-up to the steady state)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--port", type=int, default=8123)
     p.add_argument("--max-model-len", type=int, default=1024)
@@ -59,7 +67,8 @@ def main() -> None:
                    else ["--trace", "azure-conv", "--scale-trace", "--max-model-len", str(args.max_model_len)])
         specserve("bench", "sweep", "--configs", str(config_file), "--fractions", args.fractions,
                   "--max-requests", str(args.requests_per_run),
-                  "--duration", str(args.duration), "--tokenizer", tokenizer, "--no-progress",
+                  "--duration", str(args.duration),
+                  "--discard-first", str(args.discard_first), "--tokenizer", tokenizer, "--no-progress",
                   "--results", str(results), "--log-dir", str(out / "server_logs"), *lengths)
         table = out / f"{workload}_validation.md"
         specserve("latency", "validate", str(results), "--markdown", str(table))
