@@ -7,7 +7,8 @@ interleaved), so a load spike on this shared machine hits all configurations ali
 
 Per configuration: output tokens/s and mean latency per request, acceptance rate, mean acceptance
 length E (tokens committed per verify step), and the speedup SPEC §2.2 predicts from the measured
-per-step costs: E * T_dense / (T_verify(k) + T_draft(k)), with T_dense the mean plain decode step,
+per-step costs: E * T_dense / (T_verify(k) + T_draft(k)), with E the tokens committed per step over all
+steps (n-gram lookup drafts nothing on some steps), T_dense the mean plain decode step,
 T_verify the mean target forward over k+1 tokens and T_draft the mean drafting time of a step.
 Then the same k at batch 8 and 32 (all prompts submitted at once) to show how the speedup falls.
 
@@ -56,7 +57,7 @@ class Config:
     def reset(self):
         self.tokens = self.seconds = self.requests = 0
         self.drafts = self.draft_tokens = self.accepted = 0
-        self.t_forward, self.t_draft, self.steps = [], [], 0
+        self.t_forward, self.t_draft, self.decode_slots = [], [], 0
         self.by_category: dict[str, list[int]] = {}
 
     def run(self, prompts: list[list[int]], new_tokens: int, categories: list[str] | None = None):
@@ -71,6 +72,7 @@ class Config:
                 if out.finished:
                     done[out.request_id] = out
             s = engine.last_stats
+            self.decode_slots += s.num_decodes  # each decode/verify slot commits >= 1 token of a request
             if s.num_decodes and not s.num_prefill_tokens:  # pure decode/verify steps only
                 self.t_forward.append(s.t_forward)
                 self.t_draft.append(s.t_draft)
@@ -89,24 +91,33 @@ class Config:
 
     @property
     def mean_acceptance_length(self) -> float:
+        """E over the steps that drafted (n-gram lookup drafts nothing when it finds no match)."""
         return 1 + self.accepted / self.drafts if self.drafts else 1.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Tokens committed per decode/verify step over all steps (the first token of each request comes
+        from its prefill): what the speedup formula needs when some steps draft nothing."""
+        return (self.tokens - self.requests) / self.decode_slots if self.decode_slots else 1.0
 
 
 def table(title: str, configs: list[Config], dense: Config) -> None:
     base_tps = dense.tokens / dense.seconds
     t_dense = statistics.mean(dense.t_forward)
     print(f"\n{title}")
-    print("| config | k | tok/s | latency/request (s) | acceptance rate | E (tokens/step) | speedup | predicted | measured/predicted |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| config | k | tok/s | latency/request (s) | acceptance rate | E (drafting steps) | tokens/step (all steps) "
+          "| speedup | predicted | measured/predicted |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for c in configs:
         tps = c.tokens / c.seconds
         speedup = tps / base_tps
         if c.k:
-            predicted = c.mean_acceptance_length * t_dense / (statistics.mean(c.t_forward) + statistics.mean(c.t_draft))
+            predicted = c.tokens_per_step * t_dense / (statistics.mean(c.t_forward) + statistics.mean(c.t_draft))
             rate = c.accepted / c.draft_tokens if c.draft_tokens else 0.0
-            extra = f"{rate:.2f} | {c.mean_acceptance_length:.2f} | {speedup:.2f}x | {predicted:.2f}x | {speedup / predicted:.0%}"
+            extra = (f"{rate:.2f} | {c.mean_acceptance_length:.2f} | {c.tokens_per_step:.2f} | {speedup:.2f}x | "
+                     f"{predicted:.2f}x | {speedup / predicted:.0%}")
         else:
-            extra = "- | 1.00 | 1.00x | - | -"
+            extra = "- | 1.00 | 1.00 | 1.00x | - | -"
         print(f"| {c.name} | {c.k} | {tps:.1f} | {c.seconds / c.requests:.2f} | {extra} |")
 
 
