@@ -6,9 +6,9 @@ prompt lookup with k = 1..8. Every prompt runs through every configuration back 
 interleaved), so a load spike on this shared machine hits all configurations alike.
 
 Per configuration: output tokens/s and mean latency per request, acceptance rate, mean acceptance
-length E (tokens committed per verify step), and the speedup SPEC §2.2 predicts from the measured
-per-step costs: E * T_dense / (T_verify(k) + T_draft(k)), with E the tokens committed per step over all
-steps (n-gram lookup drafts nothing on some steps), T_dense the mean plain decode step,
+length E (tokens committed per step that drafted), tokens per step over all steps (n-gram lookup drafts
+nothing on some steps), and the speedup SPEC §2.2 predicts from the measured per-step costs:
+tokens/step * T_dense / (T_verify(k) + T_draft(k)), with T_dense the mean plain decode step,
 T_verify the mean target forward over k+1 tokens and T_draft the mean drafting time of a step.
 Then the same k at batch 8 and 32 (all prompts submitted at once) to show how the speedup falls.
 

@@ -72,7 +72,7 @@ class AttentionMetadata:
         short = [i for i, q in enumerate(q_lens) if q <= SHORT_QUERY_MAX]
         long = [i for i, q in enumerate(q_lens) if q > SHORT_QUERY_MAX]
         used_blocks = [(c + block_size - 1) // block_size for c in ctx_lens]
-        groups = [_build_group(members, q_lens, ctx_lens, block_tables, starts, block_size,
+        groups = [_build_group(members, q_lens, ctx_lens, used_blocks, block_tables, starts, block_size,
                                start, device, sliding_window)
                   for members in _split_by_context(short, used_blocks) + _split_by_context(long, used_blocks)]
         as_tensor = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
@@ -91,10 +91,10 @@ def _split_by_context(members: list[int], used_blocks: list[int]) -> list[list[i
     return [sorted(g) for g in groups]  # batch order inside a group: one group of all is the whole batch
 
 
-def _build_group(members, q_lens, ctx_lens, block_tables, starts, block_size, total_tokens, device,
-                 sliding_window) -> AttentionGroup:
+def _build_group(members, q_lens, ctx_lens, used_blocks, block_tables, starts, block_size, total_tokens,
+                 device, sliding_window) -> AttentionGroup:
     qmax = max(q_lens[i] for i in members)
-    nblocks = max((ctx_lens[i] + block_size - 1) // block_size for i in members)
+    nblocks = max(used_blocks[i] for i in members)
     token_index, query_index, out_index, q_pos, tables = [], [], [], [], []
     for g, i in enumerate(members):
         q, c, s = q_lens[i], ctx_lens[i], starts[i]
@@ -103,8 +103,7 @@ def _build_group(members, q_lens, ctx_lens, block_tables, starts, block_size, to
         query_index.append(list(range(s, s + q)) + [0] * (qmax - q))
         # Padding queries get position 0: they attend to key 0 only (no all-masked rows, no NaN).
         q_pos.append(list(range(c - q, c)) + [0] * (qmax - q))
-        used = (c + block_size - 1) // block_size
-        tables.append(list(block_tables[i][:used]) + [0] * (nblocks - used))
+        tables.append(list(block_tables[i][:used_blocks[i]]) + [0] * (nblocks - used_blocks[i]))
     t = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
     q_pos_t = t(q_pos)
     key_pos = torch.arange(nblocks * block_size, device=device)
