@@ -1,9 +1,11 @@
 """Issue 4 benchmark: speculative decoding on SmolLM2-135M, batch 1 and under load.
 
 Workloads: code (held-out CPython stdlib files: 200-token prefixes, 64 new tokens) and chat (Spec-Bench
-prompts, chat template, 64 new tokens). Configurations: no SD; the draft model with k = 1..8; n-gram
-prompt lookup with k = 1..8. Every prompt runs through every configuration back to back (A/B
-interleaved), so a load spike on this shared machine hits all configurations alike.
+prompts, chat template, 64 new tokens). Configurations: no SD, and for each of --methods and k = 1..8:
+the draft model (`draft`), n-gram prompt lookup (`ngram`), or lookup where it finds a match and the
+draft model elsewhere (`draft+ngram`, `"ngram_first": true`). Every prompt runs through every
+configuration back to back (A/B interleaved), so a load spike on this shared machine hits all
+configurations alike. Each configuration is its own engine (~0.7 GB with its KV cache).
 
 Per configuration: output tokens/s and mean latency per request, acceptance rate, mean acceptance
 length E (tokens committed per step that drafted), tokens per step over all steps (n-gram lookup drafts
@@ -13,6 +15,7 @@ T_verify the mean target forward over k+1 tokens and T_draft the mean drafting t
 Then the same k at batch 8 and 32 (all prompts submitted at once) to show how the speedup falls.
 
     python bench/spec_decode.py [--draft code|chat|DIR] [--code-prompts 40] [--chat-prompts 80] [--ks 1,2,...]
+        [--methods draft,ngram,draft+ngram]
 """
 from __future__ import annotations
 
@@ -121,6 +124,16 @@ def table(title: str, configs: list[Config], dense: Config) -> None:
         print(f"| {c.name} | {c.k} | {tps:.1f} | {c.seconds / c.requests:.2f} | {extra} |")
 
 
+def category_table(drafted: list[Config], cats: list[str]) -> None:
+    if not drafted:  # --load-k not among --ks
+        return
+    print(f"\nchat, k = {drafted[0].k}: mean acceptance length E per Spec-Bench category")
+    print("| category | " + " | ".join(c.name for c in drafted) + " |\n|---|" + "---|" * len(drafted))
+    for cat in dict.fromkeys(cats):
+        row = [f"{1 + c.by_category[cat][1] / max(1, c.by_category[cat][0]):.2f}" for c in drafted]
+        print(f"| {cat} | " + " | ".join(row) + " |")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--draft", default="code", help="draft for the code workload (chat uses --chat-draft)")
@@ -134,14 +147,18 @@ def main() -> None:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--workloads", default="code,chat")
+    p.add_argument("--methods", default="draft,ngram,draft+ngram")
     args = p.parse_args()
     ks = [int(k) for k in args.ks.split(",")]
     dense = Config("no SD", 0, None, args)
     tokenizer = dense.llm.tokenizer
     for workload in args.workloads.split(","):
         draft = args.draft if workload == "code" else args.chat_draft
-        configs = [dense] + [Config(f"draft:{draft}", k, {"model": draft, "num_speculative_tokens": k}, args) for k in ks] \
-            + [Config("ngram", k, {"method": "ngram", "num_speculative_tokens": k}, args) for k in ks]
+        specs = {"draft": (f"draft:{draft}", {"model": draft}),
+                 "ngram": ("ngram", {"method": "ngram"}),
+                 "draft+ngram": (f"draft:{draft}+ngram", {"model": draft, "ngram_first": True})}
+        configs = [dense] + [Config(specs[m][0], k, specs[m][1] | {"num_speculative_tokens": k}, args)
+                             for m in args.methods.split(",") for k in ks]
         if workload == "code":
             prompts, cats = code_prompts(tokenizer, args.code_prompts), None
         else:
@@ -154,12 +171,7 @@ def main() -> None:
         table(f"{workload}: batch 1, {len(prompts)} prompts x {args.new_tokens} new tokens, greedy, "
               f"{args.dtype}, {args.threads} threads", configs, dense)
         if cats:
-            drafted = [c for c in configs if c.k == args.load_k]
-            print(f"\nchat, k = {args.load_k}: mean acceptance length E per Spec-Bench category")
-            print("| category | " + " | ".join(c.name for c in drafted) + " |\n|---|" + "---|" * len(drafted))
-            for cat in dict.fromkeys(cats):
-                row = [f"{1 + c.by_category[cat][1] / max(1, c.by_category[cat][0]):.2f}" for c in drafted]
-                print(f"| {cat} | " + " | ".join(row) + " |")
+            category_table([c for c in configs if c.k == args.load_k], cats)
         load = [c for c in configs if c.k in (0, args.load_k)]
         for b in [int(x) for x in args.batches.split(",")]:
             for c in load:
@@ -168,6 +180,7 @@ def main() -> None:
             for c in load:
                 c.run(batch, args.new_tokens)
             table(f"{workload}: batch {b} (all submitted at once), k = {args.load_k}", load, dense)
+        del configs, load  # free this workload's engines before the next one builds its own
 
 
 if __name__ == "__main__":

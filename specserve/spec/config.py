@@ -3,6 +3,8 @@
     {"model": "DIR_OR_ALIAS", "num_speculative_tokens": 4}                 draft model
     {"method": "ngram", "num_speculative_tokens": 4,
      "prompt_lookup_max": 4, "prompt_lookup_min": 2}                       prompt lookup, no draft model
+    {"model": "DIR_OR_ALIAS", "num_speculative_tokens": 4, "ngram_first": true}
+                                      prompt lookup where it finds a match, the draft model elsewhere
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ class SpeculativeConfig:
     prompt_lookup_max: int = 4
     prompt_lookup_min: int = 2
     draft_dtype: str | None = None  # default: the target's dtype
+    ngram_first: bool = False  # draft model only: try prompt lookup first, draft where it finds nothing
 
     def __post_init__(self):
         if self.method == "draft":
@@ -35,7 +38,12 @@ class SpeculativeConfig:
         if self.method == "draft_model" and not self.model:
             raise SpecServeError('speculative config needs "model" (a draft directory or alias) '
                                  'or "method": "ngram"')
-        if self.method == "ngram" and not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+        if not isinstance(self.ngram_first, bool):
+            raise SpecServeError(f"ngram_first must be true or false, got {self.ngram_first!r}")
+        if self.ngram_first and self.method != "draft_model":
+            raise SpecServeError('"ngram_first" combines prompt lookup with a draft model: it needs "model"')
+        uses_lookup = self.method == "ngram" or self.ngram_first
+        if uses_lookup and not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
             raise SpecServeError("need 1 <= prompt_lookup_min <= prompt_lookup_max")
 
     @classmethod

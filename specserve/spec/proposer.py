@@ -31,12 +31,12 @@ class NgramProposer:
 
     def propose(self, prefills: list[ScheduledSeq], decodes: list[ScheduledSeq], controller) -> Proposal:
         t0 = time.perf_counter()
-        drafts = [self._lookup(s.seq.token_ids, s.max_drafts) if s.max_drafts else [] for s in decodes]
+        drafts = [self.lookup(s.seq.token_ids, s.max_drafts) if s.max_drafts else [] for s in decodes]
         keep = controller.final_lengths([[1.0] * len(d) for d in drafts])
         drafts = [d[:n] for d, n in zip(drafts, keep)]
         return Proposal(drafts, None, [[1.0] * len(d) for d in drafts], time.perf_counter() - t0)
 
-    def _lookup(self, tokens: list[int], k: int) -> list[int]:
+    def lookup(self, tokens: list[int], k: int) -> list[int]:
         arr = np.asarray(tokens)
         for n in range(min(self.max_n, len(arr) - 1), self.min_n - 1, -1):
             windows = np.lib.stride_tricks.sliding_window_view(arr[:-1], n)
@@ -52,14 +52,20 @@ class NgramProposer:
 
 class DraftModelProposer:
     """A small model with the target's tokenizer. Its KV cache has its own tensors but the target's block
-    tables, so no separate allocation bookkeeping. Draft prefill rides in the first draft forward."""
+    tables, so no separate allocation bookkeeping. Draft prefill rides in the first draft forward.
+
+    With `lookup` (n-gram prompt lookup), a request whose context repeats takes the lookup's tokens
+    (free, and on code they are accepted more often than the draft model's) and the draft model drafts
+    only for the others; the draft cache catches up with the skipped tokens in its next forward."""
 
     has_cache = True
 
-    def __init__(self, runner: ModelRunner, target_vocab_size: int, vocab_map: torch.Tensor | None):
+    def __init__(self, runner: ModelRunner, target_vocab_size: int, vocab_map: torch.Tensor | None,
+                 lookup: NgramProposer | None = None):
         self.runner = runner
         self.vocab_size = target_vocab_size
         self.vocab_map = vocab_map  # [draft_vocab] target id of each draft head row, or None
+        self.lookup = lookup
 
     def propose(self, prefills: list[ScheduledSeq], decodes: list[ScheduledSeq], controller) -> Proposal:
         t0 = time.perf_counter()
@@ -69,18 +75,25 @@ class DraftModelProposer:
             if end > seq.num_draft_computed:
                 items.append(ForwardItem(seq.token_ids[seq.num_draft_computed:end], end, seq.block_table, 0))
                 seq.num_draft_computed = end
-        for i, s in enumerate(decodes):
-            if s.max_drafts:
-                seq = s.seq
-                items.append(ForwardItem(seq.token_ids[seq.num_draft_computed:], len(seq.token_ids),
-                                         seq.block_table, 1))
-                drafting.append(i)
         n = len(decodes)
         tokens: list[list[int]] = [[] for _ in range(n)]
         conf: list[list[float]] = [[] for _ in range(n)]
-        sampled = [i for i in drafting if not decodes[i].seq.params.greedy]
+        for i, s in enumerate(decodes):
+            if not s.max_drafts:
+                continue
+            seq = s.seq
+            if self.lookup is not None and (found := self.lookup.lookup(seq.token_ids, s.max_drafts)):
+                tokens[i], conf[i] = found, [1.0] * len(found)
+                continue
+            items.append(ForwardItem(seq.token_ids[seq.num_draft_computed:], len(seq.token_ids),
+                                     seq.block_table, 1))
+            drafting.append(i)
+        sampled = [i for i, s in enumerate(decodes) if s.max_drafts and not s.seq.params.greedy]
         kmax = max((s.max_drafts for s in decodes), default=0)
         probs = torch.zeros(n, kmax, self.vocab_size) if sampled else None
+        for i in sampled:  # looked-up tokens are deterministic proposals: q is one-hot at each
+            for j, token in enumerate(tokens[i]):
+                probs[i, j, token] = 1.0
         step = 0
         while items:
             logits, _ = self.runner.forward(items)  # one row per drafting request (prefills ask none)

@@ -35,4 +35,6 @@ def build_proposer(spec: SpeculativeConfig, draft: LoadedModel | None, target: L
         vocab_map = torch.tensor(json.loads(path.read_text()), dtype=torch.long)
         if len(vocab_map) != draft.config.draft_vocab_size or int(vocab_map.max()) >= target.config.vocab_size:
             raise SpecServeError(f"vocab_map.json in {draft.path} does not match draft_vocab_size / the target vocabulary")
-    return DraftModelProposer(ModelRunner(draft.model, num_blocks, block_size), target.config.vocab_size, vocab_map)
+    lookup = NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max) if spec.ngram_first else None
+    return DraftModelProposer(ModelRunner(draft.model, num_blocks, block_size), target.config.vocab_size, vocab_map,
+                              lookup)

@@ -28,13 +28,21 @@ def baseline(tiny_target):
     return ps, [o.token_ids for o in LLM(model=str(tiny_target), dtype="float32").generate(ps, GREEDY)]
 
 
-@pytest.mark.parametrize("method", ["draft_model", "ngram"])
+def spec_config(method: str, draft, k: int) -> dict:
+    if method == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 1}
+    return {"model": str(draft), "num_speculative_tokens": k, "ngram_first": method == "draft_model+ngram"}
+
+
+METHODS = ["draft_model", "ngram", "draft_model+ngram"]
+
+
+@pytest.mark.parametrize("method", METHODS)
 def test_greedy_sd_is_token_identical_for_k_1_to_8_and_batch_1_to_32(tiny_target, tiny_draft, baseline, method):
     ps, want = baseline
     total_accepted = 0
     for k, max_num_seqs in zip(range(1, 9), [1, 2, 3, 5, 8, 13, 21, 32]):
-        spec = ({"model": str(tiny_draft), "num_speculative_tokens": k} if method == "draft_model"
-                else {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 1})
+        spec = spec_config(method, tiny_draft, k)
         llm = LLM(model=str(tiny_target), dtype="float32", max_num_seqs=max_num_seqs, speculative_config=spec)
         outs = llm.generate(ps, GREEDY)
         assert [o.token_ids for o in outs] == want, f"k={k}"
@@ -43,11 +51,10 @@ def test_greedy_sd_is_token_identical_for_k_1_to_8_and_batch_1_to_32(tiny_target
     assert total_accepted > 200  # drafts were really accepted, not just rejected every time
 
 
-@pytest.mark.parametrize("method", ["draft_model", "ngram"])
+@pytest.mark.parametrize("method", METHODS)
 def test_greedy_sd_with_preemption(tiny_target, tiny_draft, baseline, method):
     ps, want = baseline
-    spec = ({"model": str(tiny_draft), "num_speculative_tokens": 4} if method == "draft_model"
-            else {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1})
+    spec = spec_config(method, tiny_draft, 4)
     llm = LLM(model=str(tiny_target), dtype="float32", speculative_config=spec, num_kv_blocks=40, block_size=4,
               max_model_len=96, max_num_seqs=16)
     assert [o.token_ids for o in llm.generate(ps[:40], GREEDY)] == want[:40]
@@ -88,11 +95,14 @@ def exact_marginals(llm, prompt, params):
     return p1, p1 @ probs[1:]
 
 
-def test_sampled_sd_follows_the_target_distribution(tiny_target, tiny_far_draft):
+@pytest.mark.parametrize("ngram_first", [False, True])
+def test_sampled_sd_follows_the_target_distribution(tiny_target, tiny_far_draft, ngram_first):
     """T = 0.8, top-p 0.9, a draft whose q differs a lot from p: the empirical distribution of the first
     two generated tokens under SD converges to the exact target marginals and beats random references.
-    (Deterministic n-gram proposals are covered at the sampler level in test_rejection_sampler.)"""
-    spec = {"model": str(tiny_far_draft), "num_speculative_tokens": 3}
+    With ngram_first the prompt's repeat ([7, 8] -> 9) makes lookup propose the first step's tokens
+    (one-hot q) and the draft model later steps where lookup finds nothing: both kinds of q in one batch.
+    (Deterministic n-gram proposals alone are covered at the sampler level in test_rejection_sampler.)"""
+    spec = {"model": str(tiny_far_draft), "num_speculative_tokens": 3, "ngram_first": ngram_first}
     llm = LLM(model=str(tiny_target), dtype="float32", speculative_config=spec, max_num_seqs=64)
     prompt = [7, 8, 9, 7, 8]
     base = dict(max_tokens=4, temperature=0.8, top_p=0.9, ignore_eos=True)
@@ -121,7 +131,10 @@ def test_bad_speculative_configs_are_clear_errors(tiny_target):
     for cfg, msg in [('{"num_speculative_tokens": 4}', "needs \"model\""),
                      ('{"method": "medusa"}', "not supported"),
                      ('{"model": "x", "num_speculative_tokens": 0}', "num_speculative_tokens"),
-                     ("not json", "not valid JSON"), ('{"model": "x", "bogus": 1}', "unknown")]:
+                     ("not json", "not valid JSON"), ('{"model": "x", "bogus": 1}', "unknown"),
+                     ('{"method": "ngram", "ngram_first": true}', "needs \"model\""),
+                     ('{"model": "x", "ngram_first": "yes"}', "true or false"),
+                     ('{"model": "x", "ngram_first": true, "prompt_lookup_min": 0}', "prompt_lookup_min")]:
         with pytest.raises(SpecServeError, match=msg):
             LLM(model=str(tiny_target), speculative_config=cfg)
 
