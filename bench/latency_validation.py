@@ -43,7 +43,10 @@ def main() -> None:
     p.add_argument("--duration", type=float, default=90.0, help="wall seconds of arrivals per run")
     p.add_argument("--discard-first", type=float, default=25.0,
                    help="seconds of each run sent but not measured (ramp-up to the steady state)")
-    p.add_argument("--threads", type=int, default=2)
+    # One torch thread: the server's HTTP event loop and the load generator need the other core. With
+    # two torch threads on two cores every SSE chunk preempts a matmul thread and step times jitter
+    # (torch's threads stall while one is descheduled), which swamps the load signal.
+    p.add_argument("--threads", type=int, default=1, help="server torch threads (leave a core for the rest)")
     p.add_argument("--port", type=int, default=8123)
     p.add_argument("--max-model-len", type=int, default=1024)
     args = p.parse_args()
