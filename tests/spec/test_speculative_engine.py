@@ -37,6 +37,24 @@ def spec_config(method: str, draft, k: int) -> dict:
 METHODS = ["draft_model", "ngram", "draft_model+ngram"]
 
 
+def count_proposal_sources(proposer) -> dict:
+    """Counts the lookup's matches and the draft model's forwards of an ngram_first proposer."""
+    used = {"lookup": 0, "draft_model": 0}
+    lookup, forward = proposer.lookup.lookup, proposer.runner.forward
+
+    def counted_lookup(*args):
+        found = lookup(*args)
+        used["lookup"] += bool(found)
+        return found
+
+    def counted_forward(items):
+        used["draft_model"] += any(it.num_logits for it in items)
+        return forward(items)
+
+    proposer.lookup.lookup, proposer.runner.forward = counted_lookup, counted_forward
+    return used
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_greedy_sd_is_token_identical_for_k_1_to_8_and_batch_1_to_32(tiny_target, tiny_draft, baseline, method):
     ps, want = baseline
@@ -44,7 +62,11 @@ def test_greedy_sd_is_token_identical_for_k_1_to_8_and_batch_1_to_32(tiny_target
     for k, max_num_seqs in zip(range(1, 9), [1, 2, 3, 5, 8, 13, 21, 32]):
         spec = spec_config(method, tiny_draft, k)
         llm = LLM(model=str(tiny_target), dtype="float32", max_num_seqs=max_num_seqs, speculative_config=spec)
+        if method == "draft_model+ngram":
+            used = count_proposal_sources(llm.engine.proposer)
         outs = llm.generate(ps, GREEDY)
+        if method == "draft_model+ngram":
+            assert used["lookup"] > 0 and used["draft_model"] > 0, used  # both sources really proposed
         assert [o.token_ids for o in outs] == want, f"k={k}"
         total_accepted += sum(o.spec["num_accepted_tokens"] for o in outs)
         assert all(o.spec["num_draft_tokens"] <= k * o.spec["num_drafts"] for o in outs)
