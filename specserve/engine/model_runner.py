@@ -8,6 +8,7 @@ import torch
 
 from specserve.model.attention import AttentionMetadata, allocate_kv_cache
 from specserve.model.llama import LlamaModel
+from specserve.model.packed_linear import pack_linears
 
 
 @dataclass(slots=True)
@@ -32,7 +33,8 @@ def available_memory_bytes(device: torch.device) -> int:
 
 class ModelRunner:
     def __init__(self, model: LlamaModel, num_blocks: int, block_size: int):
-        self.model = model
+        self.model = model  # owned by the runner: its linear layers are packed for inference in place
+        pack_linears(model)
         self.config = model.config
         self.block_size = block_size
         weight = model.embed_tokens.weight

@@ -1,0 +1,37 @@
+import pytest
+import torch
+from torch import nn
+
+from specserve.model.packed_linear import PackedLinear, can_pack, pack_linears
+
+pytestmark = pytest.mark.skipif(not can_pack(torch.zeros(1, dtype=torch.bfloat16)),
+                                reason="no oneDNN linear packing in this torch build")
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 0.0), (torch.float32, 1e-4)])
+@pytest.mark.parametrize("rows", [1, 5, 32, 300])
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_linear_matches_f_linear(dtype, tol, rows, bias):
+    torch.manual_seed(0)
+    linear = nn.Linear(96, 200, bias=bias).to(dtype)
+    x = torch.randn(rows, 96, dtype=dtype)
+    expected = linear(x)
+    got = PackedLinear(linear)(x)
+    assert got.dtype == dtype and got.shape == expected.shape
+    assert (got.float() - expected.float()).abs().max().item() <= tol
+
+
+def test_pack_linears_replaces_every_linear_and_keeps_outputs():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.SiLU(), nn.Sequential(nn.Linear(32, 8, bias=False))).to(torch.bfloat16)
+    x = torch.randn(4, 16, dtype=torch.bfloat16)
+    expected = model(x)
+    assert pack_linears(model) == 2
+    assert not any(isinstance(m, nn.Linear) for m in model.modules())
+    assert torch.equal(model(x), expected)
+
+
+def test_pack_linears_leaves_unsupported_dtypes_alone():
+    model = nn.Sequential(nn.Linear(16, 8)).to(torch.float16)
+    assert pack_linears(model) == 0
+    assert isinstance(model[0], nn.Linear)
