@@ -7,7 +7,7 @@ Systems (each run in its own subprocess, so peak RSS is its own; runs interleave
 Also: the share of engine step time spent outside the model forward while 32 requests decode, with the
 top cProfile entries outside the forward.
 
-    python bench/engine_throughput.py [--repeats 3] [--threads 2]
+    python bench/engine_throughput.py [--repeats 3] [--threads 2] [--profile-only]
 """
 from __future__ import annotations
 
@@ -96,7 +96,27 @@ def run_overhead(args) -> dict:
     outside.sort(reverse=True)
     total = sum(totals.values())
     return {"split_ms": {k: v / n * 1000 for k, v in totals.items()},
-            "outside_share": 1 - totals["t_forward"] / total, "top_outside": outside[:6]}
+            "outside_share": 1 - totals["t_forward"] / total, "top_outside": outside[:6],
+            "op_shares": op_shares(engine)}
+
+
+OP_KINDS = {"linear layers": ("mkldnn::_linear_pointwise", "aten::mm", "aten::addmm"),
+            "KV cache gather": ("aten::index_select",),
+            "attention matmuls + softmax": ("aten::bmm", "aten::_softmax",
+                                            "aten::_scaled_dot_product_flash_attention_for_cpu")}
+
+
+def op_shares(engine, steps: int = 10) -> dict:
+    """Share of the profiled steps' operator time per kind of work (torch.profiler, self CPU time)."""
+    from torch.profiler import profile
+    with profile() as prof:
+        for _ in range(steps):
+            engine.step()
+    times = {e.key: e.self_cpu_time_total for e in prof.key_averages()}
+    total = sum(times.values())
+    shares = {kind: sum(times.get(op, 0) for op in ops) / total for kind, ops in OP_KINDS.items()}
+    shares["everything else"] = 1 - sum(shares.values())
+    return shares
 
 
 def child(args) -> None:
@@ -125,18 +145,31 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--kv-gib", type=float, default=1.0)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--profile-only", action="store_true", help="only the step-time split at 32 decoding requests")
     p.add_argument("--child", default=None)
     args = p.parse_args()
     if args.child:
         return child(args)
-    argv = [a for a in sys.argv[1:]]
-    systems = ["specserve", "hf-static", "hf-sequential"]
+    argv = [a for a in sys.argv[1:] if a != "--profile-only"]
+    systems = [] if args.profile_only else ["specserve", "hf-static", "hf-sequential"]
     runs = {s: [] for s in systems}
     for r in range(args.repeats):  # interleaved: a load spike hits all systems alike
         for s in systems:
             runs[s].append(spawn(s, argv))
             print(f"repeat {r + 1} {s}: {runs[s][-1]['tokens'] / runs[s][-1]['seconds']:.1f} tok/s", file=sys.stderr)
     overhead = spawn("overhead", argv)
+    if systems:
+        throughput_table(args, systems, runs)
+    split = overhead["split_ms"]
+    print(f"\nStep time at 32 decoding requests (ms): " + ", ".join(f"{k[2:]} {v:.2f}" for k, v in split.items()))
+    print(f"outside the model forward: {overhead['outside_share'] * 100:.1f}% of step time; top entries:")
+    for ms, name in overhead["top_outside"]:
+        print(f"  {ms:.2f} ms/step  {name}")
+    print("operator time by kind (torch.profiler, 10 steps): " +
+          ", ".join(f"{kind} {share * 100:.0f}%" for kind, share in overhead["op_shares"].items()))
+
+
+def throughput_table(args, systems: list[str], runs: dict) -> None:
     from specserve.model.registry import model_dir
     weights_gib = os.path.getsize(model_dir(MODEL) / "model.safetensors") / 2 / 2**30  # float32 file -> bf16
     tps = {s: statistics.median(r["tokens"] / r["seconds"] for r in runs[s]) for s in systems}
@@ -148,11 +181,6 @@ def main() -> None:
         print(f"| {s} | {tps[s]:.1f} | {tps[s] / tps['hf-static']:.2f}x | {rss:.2f} |")
     print(f"\nRSS goal for specserve: weights {weights_gib:.2f} + KV {args.kv_gib:.2f} + 1 GiB = "
           f"{weights_gib + args.kv_gib + 1:.2f} GiB")
-    split = overhead["split_ms"]
-    print(f"\nStep time at 32 decoding requests (ms): " + ", ".join(f"{k[2:]} {v:.2f}" for k, v in split.items()))
-    print(f"outside the model forward: {overhead['outside_share'] * 100:.1f}% of step time; top entries:")
-    for ms, name in overhead["top_outside"]:
-        print(f"  {ms:.2f} ms/step  {name}")
 
 
 if __name__ == "__main__":
