@@ -48,9 +48,10 @@ class DecoderLayer(nn.Module):
                 meta: AttentionMetadata) -> torch.Tensor:
         """x: [T, hidden]; kv: [2, num_blocks, Hkv, block_size, D] (this layer's cache)."""
         h = self.input_layernorm(x)
-        q, k, v = self.qkv_proj(h).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = apply_rope(q.view(-1, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rope(k.view(-1, self.num_kv_heads, self.head_dim), cos, sin)
+        qk, v = self.qkv_proj(h).split([self.q_size + self.kv_size, self.kv_size], dim=-1)
+        # Queries and keys rotate together: one rope call per layer (its ~10 small ops are per call).
+        qk = apply_rope(qk.reshape(-1, self.num_heads + self.num_kv_heads, self.head_dim), cos, sin)
+        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         x = x + self.o_proj(paged_attention(q, k, v, kv[0], kv[1], meta, self.scale))
         gate, up = self.gate_up_proj(self.post_attention_layernorm(x)).chunk(2, dim=-1)
