@@ -1,7 +1,8 @@
 """Issue 8 validation: sweep our own server, fit the latency model, predict held-out rates and k.
 
 For each workload it launches `specserve serve` once per configuration (no SD, and the draft model with
-k in --ks), replays arrivals at --fractions of the measured no-SD saturation rate, appends every
+k in --ks), replays arrivals at --fractions of each configuration's own measured saturation rate (a
+draft that accepts little saturates the server well before plain decoding does), appends every
 run to one results file, and prints `specserve latency validate` tables (fit on all but one rate / one
 k, predict the held-out ones; MAPE of mean E2E, TTFT, TPOT and E2E p95/p99).
 
@@ -77,7 +78,7 @@ def main() -> None:
                    if workload == "fixed"
                    else ["--trace", "azure-conv", "--scale-trace", "--max-model-len", str(args.max_model_len)])
         specserve("bench", "sweep", "--configs", str(config_file), "--fractions", args.fractions,
-                  "--max-requests", str(args.requests_per_run),
+                  "--per-config-saturation", "--max-requests", str(args.requests_per_run),
                   "--duration", str(args.duration),
                   "--discard-first", str(args.discard_first), "--tokenizer", tokenizer, "--no-progress",
                   "--results", str(results), "--log-dir", str(out / "server_logs"), *lengths)
