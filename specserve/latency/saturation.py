@@ -24,10 +24,17 @@ class SaturationRules:
     # itself (the count at least doubling along the trend) is taken as a queue that does not drain ...
     growth_tolerance: float = 1.0
     min_growth: float = 2.0  # ... and at least this many requests (small queues fluctuate by a few)
+    # Little's law (B = λ·L) holds over any window of a steady state. When a run measured after a warm-up
+    # (--discard-first) is past saturation, the in-flight count can look flat at its high level while the
+    # measured requests' latencies and the achieved rate (departures bunch as the backlog drains) say
+    # otherwise: λ·L then exceeds the measured mean in flight several-fold. Steady runs of a few dozen
+    # requests on our server agreed within 20 %.
+    littles_law_tolerance: float = 0.25
     max_failed_fraction: float = 0.01
 
     def __post_init__(self) -> None:
-        for name in ("rate_tolerance", "growth_tolerance", "min_growth", "max_failed_fraction"):
+        for name in ("rate_tolerance", "growth_tolerance", "min_growth", "max_failed_fraction",
+                     "littles_law_tolerance"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and value >= 0):
                 raise SpecServeError(f"saturation rule {name} must be >= 0, got {value!r}")
@@ -77,6 +84,12 @@ def saturation_reasons(run: BenchRun, rules: SaturationRules) -> list[str]:
         level = run.mean_in_flight if run.mean_in_flight is not None else run.in_flight
         if growth > max(rules.growth_tolerance * level, rules.min_growth):
             reasons.append(f"in-flight requests grew by {growth:.3g} over the run (mean {level:.3g})")
+    if run.mean_in_flight and run.e2e.mean is not None:
+        implied = run.achieved_rate * run.e2e.mean
+        low, high = sorted((implied, run.mean_in_flight))
+        if high > (1 + rules.littles_law_tolerance) * low and high - low > rules.min_growth:
+            reasons.append(f"Little's law does not hold: achieved rate x mean E2E = {implied:.3g} in flight, "
+                           f"measured {run.mean_in_flight:.3g} (no steady state)")
     if run.preemptions:
         reasons.append(f"server reported {run.preemptions} preemptions")
     if run.num_requests and run.num_failed > rules.max_failed_fraction * run.num_requests:

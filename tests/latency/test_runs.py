@@ -91,6 +91,7 @@ def test_stable_run_is_kept(tmp_path):
     (dict(offered_rate=1.6), "offered"),
     (dict(in_flight_slope=0.05), "grew"),  # 5 requests more over 100 s, mean 2 in flight
     (dict(preemptions=3), "preemptions"),
+    (dict(achieved_rate=3.0), "Little's law"),  # 3 req/s x 2 s = 6 in flight, but 2 measured
     (dict(num_failed=5), "failed"),
 ])
 def test_each_saturation_symptom_excludes(tmp_path, overrides, word):
@@ -105,6 +106,9 @@ def test_rules_validate_and_loosen(tmp_path):
         SaturationRules(growth_tolerance=-1)
     loose = SaturationRules(growth_tolerance=10.0)
     assert saturation_reasons(_run(tmp_path, in_flight_slope=0.05), loose) == []
+    with pytest.raises(SpecServeError):
+        SaturationRules(littles_law_tolerance=-0.1)
+    assert saturation_reasons(_run(tmp_path, achieved_rate=3.0), SaturationRules(littles_law_tolerance=5.0)) == []
 
 
 def test_burst_runs_are_never_fitted(tmp_path):
