@@ -35,3 +35,17 @@ def tiny_far_draft(tmp_path_factory):
     from tests.tiny_models import make_tiny_model
     return make_tiny_model(tmp_path_factory.mktemp("tiny") / "far", seed=1, head_scale=4.0, noise=0.25,
                            noise_seed=6)
+
+
+@pytest.fixture(scope="session")
+def tiny_eagle(tmp_path_factory, tiny_target):
+    """An EAGLE-format draft for tiny_target that accepts a good share of its drafts."""
+    from tests.tiny_models import make_tiny_eagle
+    return make_tiny_eagle(tmp_path_factory.mktemp("tiny") / "eagle", tiny_target, noise=0.04, noise_seed=5)
+
+
+@pytest.fixture(scope="session")
+def tiny_far_eagle(tmp_path_factory, tiny_target):
+    """An EAGLE-format draft whose q differs a lot from the target's p."""
+    from tests.tiny_models import make_tiny_eagle
+    return make_tiny_eagle(tmp_path_factory.mktemp("tiny") / "far_eagle", tiny_target, noise=0.25, noise_seed=6)

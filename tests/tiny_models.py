@@ -54,3 +54,30 @@ def make_tiny_model(path: Path, seed: int, hidden: int = 64, layers: int = 2, he
     if draft_vocab:
         (path / "vocab_map.json").write_text(json.dumps(draft_vocab))
     return path
+
+
+def make_tiny_eagle(path: Path, target: Path, noise: float, noise_seed: int = 0) -> Path:
+    """An EAGLE-format draft for a tiny target: the target's own layers, norm and head behind
+    fc = [identity on the token embedding | `noise`-scaled random weights on the target feature], so it
+    agrees with the target more often the smaller the noise, and the features really enter its input."""
+    from specserve.model.loader import load_model
+    tgt = load_model(str(target), "float32").model
+    cfg = ModelConfig.from_hf(json.loads((target / "config.json").read_text()))
+    cfg.eagle = True
+    model = LlamaModel(cfg)
+    model.load_state_dict(tgt.state_dict(), strict=False)
+    g = torch.Generator().manual_seed(noise_seed)
+    with torch.no_grad():
+        h = cfg.hidden_size
+        model.fc.weight.zero_()
+        model.fc.weight[:, :h] = torch.eye(h)
+        model.fc.weight[:, h:] = torch.randn(h, h, generator=g) * noise / h ** 0.5
+        for name, p in model.named_parameters():
+            if name.startswith("layers."):
+                p.add_(torch.randn(p.shape, generator=g) * noise * p.std())
+    path.mkdir(parents=True, exist_ok=True)
+    save_hf_weights(hf_state_dict(model), path)
+    (path / "config.json").write_text(json.dumps(cfg.to_hf()))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (path / name).write_bytes((target / name).read_bytes())
+    return path

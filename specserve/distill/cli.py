@@ -16,7 +16,10 @@ def register(subparsers) -> None:
     p.add_argument("--corpus", nargs="+", required=True, metavar="{code,chat,FILE}",
                    help="code: the Python standard library; chat: ShareGPT prompts with target replies; "
                         "or text files")
-    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--method", choices=("draft", "eagle"), default="draft",
+                   help="draft: a standalone small model; eagle: one or more layers of the target's width that "
+                        "read the target's final hidden state (--hidden and --embedding-rank do not apply)")
+    p.add_argument("--layers", type=int, help="decoder layers (default 4; 1 for eagle)")
     p.add_argument("--hidden", type=int, default=320)
     p.add_argument("--embedding-rank", type=int, default=64,
                    help="rank of the factorised input embedding (0: full vocab x hidden table)")
@@ -27,6 +30,7 @@ def register(subparsers) -> None:
     budget.add_argument("--steps", type=int, help="optimizer steps")
     p.add_argument("--batch", type=int, default=16, help="windows per step")
     p.add_argument("--window", type=int, help="tokens per window (default 320; 512 for chat)")
+    p.add_argument("--train-windows", type=int, help="train on the first N shuffled windows only (default all)")
     p.add_argument("--lr", type=float, default=1.5e-3)
     p.add_argument("--echo", type=int, default=2, help="optimizer steps per teacher shard")
     p.add_argument("--topk", type=int, default=32, help="target logits cached per position")
@@ -65,7 +69,10 @@ def _run(args: argparse.Namespace) -> int:
     work = Path(args.work) if args.work else Path("runs") / "distill" / out.name
     tcfg = TrainConfig(minutes=args.minutes, steps=args.steps, batch=args.batch, lr=args.lr, echo=args.echo,
                        seed=args.seed)
-    cfg = DistillConfig(target=args.target, out=out, corpus=args.corpus, work=work, layers=args.layers,
+    if args.layers is None:
+        args.layers = 1 if args.method == "eagle" else 4
+    cfg = DistillConfig(target=args.target, out=out, corpus=args.corpus, work=work, method=args.method,
+                        layers=args.layers, train_windows=args.train_windows,
                         hidden=args.hidden, embedding_rank=args.embedding_rank or None,
                         draft_vocab=args.draft_vocab or None, window=args.window, topk=args.topk,
                         chat_prompts=args.chat_prompts, max_reply_tokens=args.reply_tokens, train=tcfg,

@@ -49,11 +49,12 @@ def acceptance(llm, prompts: list[list[int]], max_tokens: int = 64) -> float:
 
 def forward_flops(config, context: int) -> float:
     """Multiply-adds x 2 of one decode token at `context` tokens of KV: the matmuls (projections, MLP,
-    head over its rows; the embedding is a lookup, a low-rank one adds its projection) plus attention."""
+    head over its rows; the embedding is a lookup, a low-rank one adds its projection, an EAGLE draft its fc
+    over [embedding; target feature]) plus attention."""
     c = config
     q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
     per_layer = c.hidden_size * (q + 2 * kv) + q * c.hidden_size + 3 * c.hidden_size * c.intermediate_size
     attention = 2 * q * context  # scores + weighted sum
     head = (c.draft_vocab_size or c.vocab_size) * c.hidden_size
-    embed = (c.embedding_rank or 0) * c.hidden_size
+    embed = (c.embedding_rank or 0) * c.hidden_size + (2 * c.hidden_size ** 2 if c.eagle else 0)
     return 2.0 * (c.num_hidden_layers * (per_layer + attention) + head + embed)

@@ -13,8 +13,8 @@ import numpy as np
 import torch
 
 from specserve.distill import corpus
-from specserve.distill.teacher import PAD, TeacherCache, teach
-from specserve.distill.train import TrainConfig, train
+from specserve.distill.teacher import PAD, TeacherCache, teach, teach_features
+from specserve.distill.train import DistillObjective, TrainConfig, train
 from specserve.errors import SpecServeError
 
 
@@ -24,6 +24,7 @@ class DistillConfig:
     out: Path
     corpus: list[str]
     work: Path
+    method: str = "draft"              # "draft" (standalone) or "eagle" (reads the target's hidden state)
     layers: int = 4
     hidden: int = 320
     embedding_rank: int | None = 64
@@ -32,6 +33,7 @@ class DistillConfig:
     topk: int = 32
     shard_windows: int = 32
     eval_windows: int = 24
+    train_windows: int | None = None   # use only the first N (shuffled) training windows (None: all)
     chat_prompts: int | None = None    # how many ShareGPT prompts get a target reply (None: all)
     max_reply_tokens: int = 192
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -99,9 +101,20 @@ def build_data(cfg: DistillConfig, target, log) -> tuple[np.ndarray, np.ndarray,
             f"of {window} ({time.perf_counter() - t0:.0f}s)")
     if len(train_w) == 0 or len(eval_w) == 0:
         raise SpecServeError(f"corpus too small for a {window}-token training window and a held-out window")
-    train_w = train_w[rng.permutation(len(train_w))]
+    train_w = train_w[rng.permutation(len(train_w))][:cfg.train_windows]
     eval_w = eval_w[rng.permutation(len(eval_w))[:cfg.eval_windows]]
     return train_w, eval_w, stream
+
+
+def _eval_shard(path: Path, eval_w: np.ndarray, make) -> dict:
+    """The held-out windows' teacher outputs, cached next to the training shards."""
+    from safetensors.torch import load_file, save_file
+    if path.exists() and np.array_equal(load_file(str(path))["tokens"].numpy(), eval_w):
+        return load_file(str(path))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    shard = make(eval_w)
+    save_file(shard, str(path))
+    return shard
 
 
 def corpus_chat(cfg: DistillConfig, prompts: list[str], max_prompt: int, log) -> list[np.ndarray]:
@@ -134,24 +147,38 @@ def run(cfg: DistillConfig, log=print, progress_cb=None) -> dict:
     log(f"draft vocabulary: {len(vocab_map) if vocab_map else target.config.vocab_size} tokens, corpus coverage "
         f"{cov['train']:.1%} (train) / {cov['heldout']:.1%} (held-out)")
     meta_path.write_text(json.dumps({"tokenizer": fingerprint, "target": cfg.target}) + "\n")
-    dcfg = draft_config(target.config, cfg.layers, cfg.hidden, len(vocab_map) if vocab_map else None,
-                        cfg.embedding_rank)
     vm = torch.tensor(vocab_map) if vocab_map is not None else None
-    student = init_student(target.model, dcfg, vm, cfg.train.seed)
-    teacher = target.model.to(torch.bfloat16)  # the engine serves the target in bf16: teach what it says
-    cache = TeacherCache(cfg.work / "teacher", teacher, train_w, cfg.shard_windows, cfg.topk)
-    eval_path = cfg.work / "teacher" / "eval.safetensors"
-    from safetensors.torch import load_file, save_file
-    if eval_path.exists() and np.array_equal(load_file(str(eval_path))["tokens"].numpy(), eval_w):
-        eval_shard = load_file(str(eval_path))
+    if cfg.method == "eagle":
+        from specserve.distill.eagle import EagleObjective, eagle_config, init_eagle, target_argmax
+        teacher = target.model.to(torch.bfloat16)  # the engine serves the target in bf16: teach what it says
+        dcfg = eagle_config(target.config, cfg.layers, len(vocab_map) if vocab_map else None)
+        student = init_eagle(teacher, dcfg, vm, cfg.train.seed)  # reads the served (bf16) embedding and head
+        cache = TeacherCache(cfg.work / "features", lambda rows: teach_features(teacher, rows), train_w,
+                             cfg.shard_windows)
+
+        def eval_features(windows):
+            shard = teach_features(teacher, windows)
+            return {**shard, "argmax": target_argmax(teacher, shard)}
+
+        eval_shard = _eval_shard(cfg.work / "features" / "eval.safetensors", eval_w, eval_features)
+        objective = EagleObjective(eval_shard)
     else:
-        eval_shard = teach(teacher, eval_w, cfg.topk)
-        save_file(eval_shard, str(eval_path))
+        dcfg = draft_config(target.config, cfg.layers, cfg.hidden, len(vocab_map) if vocab_map else None,
+                            cfg.embedding_rank)
+        student = init_student(target.model, dcfg, vm, cfg.train.seed)
+        teacher = target.model.to(torch.bfloat16)
+        cache = TeacherCache(cfg.work / "teacher", lambda rows: teach(teacher, rows, cfg.topk), train_w,
+                             cfg.shard_windows)
+        eval_shard = _eval_shard(cfg.work / "teacher" / "eval.safetensors", eval_w,
+                                 lambda w: teach(teacher, w, cfg.topk))
+        objective = DistillObjective(eval_shard, target.config.vocab_size, vm, cfg.train.ce_weight)
     prep_seconds = time.perf_counter() - t_start
-    summary = train(student, vm, cache, eval_shard, cfg.train, cfg.work, cfg.resume, progress_cb)
-    params = sum(p.numel() for p in student.parameters())
+    summary = train(student, vm, cache, objective, cfg.train, cfg.work, cfg.resume, progress_cb)
+    # Shipped parameters: an EAGLE draft borrows the target's embedding.
+    params = sum(p.numel() for n, p in student.named_parameters() if not (dcfg.eagle and n == "embed_tokens.weight"))
     info = {"command": cfg.command, "target": cfg.target, "corpus": cfg.corpus, "seed": cfg.train.seed,
-            "layers": cfg.layers, "hidden": cfg.hidden, "embedding_rank": dcfg.embedding_rank,
+            "method": cfg.method, "layers": cfg.layers, "hidden": dcfg.hidden_size,
+            "embedding_rank": dcfg.embedding_rank,
             "draft_vocab_size": dcfg.draft_vocab_size, "vocab_coverage": cov, "params": params,
             "train_windows": int(len(train_w)), "window": int(train_w.shape[1]),
             "teacher_tokens_cached": cache.tokens_taught, "prep_seconds": round(prep_seconds, 1),

@@ -14,22 +14,34 @@ from specserve.model.llama import LlamaModel
 from specserve.model.rope import apply_rope
 
 
-def causal_forward(model: LlamaModel, ids: torch.Tensor) -> torch.Tensor:
-    """ids [B, T] (each row a window starting at position 0) -> final hidden states [B, T, hidden]."""
+def causal_forward(model: LlamaModel, ids: torch.Tensor, features: torch.Tensor | None = None,
+                   prefix: list | None = None, kv_out: list | None = None) -> torch.Tensor:
+    """ids [B, T] (each row a window starting at position 0) -> final hidden states [B, T, hidden].
+
+    EAGLE drafts also take `features` [B, T, hidden] (see LlamaModel.embed). `prefix`: per-layer keys and
+    values [B, T, Hkv, D] of an earlier pass over the same positions; each position then attends to the
+    prefix's earlier positions and to itself only, as a draft's second step does at inference (its cache
+    holds rows made from the target's features, the newest row is made from the draft's own prediction).
+    `kv_out` collects this pass's per-layer (keys, values)."""
     b, t = ids.shape
     rope = model.rope[:t].to(ids.device)
     cos, sin = rope[:, 0, None], rope[:, 1, None]  # [T, 1, D/2]
-    x = model.embed_tokens(ids)
-    if model.embed_proj is not None:
-        x = model.embed_proj(x)
-    for layer in model.layers:
+    x = model.embed(ids, features)
+    mask = None
+    if prefix is not None:  # [T, 2T]: earlier prefix positions, then this pass's own position
+        pos = torch.arange(t, device=ids.device)
+        mask = torch.cat([pos[None, :] < pos[:, None], torch.eye(t, dtype=torch.bool, device=ids.device)], 1)
+    for i, layer in enumerate(model.layers):
         h = layer.input_layernorm(x)
         q, k, v = layer.qkv_proj(h).split([layer.q_size, layer.kv_size, layer.kv_size], dim=-1)
         q = apply_rope(q.reshape(b * t, layer.num_heads, layer.head_dim).unflatten(0, (b, t)), cos, sin)
         k = apply_rope(k.reshape(b, t, layer.num_kv_heads, layer.head_dim), cos, sin)
         v = v.reshape(b, t, layer.num_kv_heads, layer.head_dim)
-        att = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                             is_causal=True, scale=layer.scale,
+        if kv_out is not None:
+            kv_out.append((k, v))
+        keys, values = (k, v) if prefix is None else (torch.cat([prefix[i][0], k], 1), torch.cat([prefix[i][1], v], 1))
+        att = F.scaled_dot_product_attention(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
+                                             attn_mask=mask, is_causal=mask is None, scale=layer.scale,
                                              enable_gqa=layer.num_heads != layer.num_kv_heads)
         x = x + layer.o_proj(att.transpose(1, 2).reshape(b, t, layer.q_size))
         gate, up = layer.gate_up_proj(layer.post_attention_layernorm(x)).chunk(2, dim=-1)

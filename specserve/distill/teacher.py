@@ -43,12 +43,29 @@ def teach(target, windows: np.ndarray, k: int, chunk: int = 16) -> dict[str, tor
     return {key: torch.cat(v) for key, v in out.items()}
 
 
-class TeacherCache:
-    """Shard i holds the teacher's outputs for windows [i * shard_size, (i + 1) * shard_size)."""
+@torch.no_grad()
+def teach_features(target, windows: np.ndarray, chunk: int = 16) -> dict[str, torch.Tensor]:
+    """windows [N, T] int32 -> tokens [N, T] int32 and the target's final (normed) hidden state of every
+    position, features [N, T, hidden] in the target's dtype: what an EAGLE draft reads and learns to predict.
+    Padded positions hold zeros."""
+    ids_all = torch.from_numpy(np.ascontiguousarray(windows)).long()
+    feats = []
+    for start in range(0, len(ids_all), chunk):
+        ids = ids_all[start:start + chunk]
+        length = int((ids >= 0).sum(1).max())
+        hidden = causal_forward(target, ids[:, :length].clamp_min(0))
+        hidden = hidden * (ids[:, :length] >= 0)[..., None]
+        feats.append(F.pad(hidden, (0, 0, 0, ids.shape[1] - length)))
+    return {"tokens": ids_all.int(), "features": torch.cat(feats)}
 
-    def __init__(self, root: Path, target, windows: np.ndarray, shard_size: int, k: int):
-        self.root, self.target, self.windows = Path(root), target, windows
-        self.shard_size, self.k = shard_size, k
+
+class TeacherCache:
+    """Shard i holds the teacher's outputs for windows [i * shard_size, (i + 1) * shard_size):
+    `teach_fn(rows)` -> dict with at least "tokens" (e.g. `teach` or `teach_features` bound to a target)."""
+
+    def __init__(self, root: Path, teach_fn, windows: np.ndarray, shard_size: int):
+        self.root, self.teach_fn, self.windows = Path(root), teach_fn, windows
+        self.shard_size = shard_size
         self.root.mkdir(parents=True, exist_ok=True)
         self.num_shards = max(1, len(windows) // shard_size)
         self.seconds_teaching = 0.0
@@ -66,7 +83,7 @@ class TeacherCache:
             if shard["tokens"].shape == rows.shape and np.array_equal(shard["tokens"].numpy(), rows):
                 return shard
         t0 = time.perf_counter()
-        shard = teach(self.target, rows, self.k)
+        shard = self.teach_fn(rows)
         self.seconds_teaching += time.perf_counter() - t0
         self.tokens_taught += int((rows != PAD).sum())
         tmp = path.with_suffix(".tmp")

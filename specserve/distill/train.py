@@ -76,6 +76,24 @@ def agreement(model, shard: dict, vocab_map: torch.Tensor | None) -> float:
     return hits / max(1, total)
 
 
+class DistillObjective:
+    """A standalone draft on the cached top-k target logits (see `distill_loss`)."""
+
+    def __init__(self, eval_shard: dict, vocab_size: int, vocab_map: torch.Tensor | None, ce_weight: float):
+        self.eval_shard, self.ce_weight = eval_shard, ce_weight
+        self.to_draft = torch.full((vocab_size,), -1, dtype=torch.long)  # target id -> draft head row
+        rows = vocab_map if vocab_map is not None else torch.arange(vocab_size)
+        self.to_draft[rows] = torch.arange(len(rows))
+
+    def loss(self, model, batch: dict) -> tuple[torch.Tensor, dict]:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = model.lm_head(causal_forward(model, batch["tokens"].long().clamp_min(0)))
+        return distill_loss(logits, batch, self.to_draft, self.ce_weight)
+
+    def agreement(self, model, vocab_map: torch.Tensor | None) -> dict:
+        return {"agreement": agreement(model, self.eval_shard, vocab_map)}
+
+
 def lr_at(cfg: TrainConfig, progress: float) -> float:
     if progress < cfg.warmup:
         return cfg.lr * progress / cfg.warmup
@@ -83,15 +101,15 @@ def lr_at(cfg: TrainConfig, progress: float) -> float:
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t)))
 
 
-def train(model, vocab_map, cache: TeacherCache, eval_shard: dict, cfg: TrainConfig, work: Path,
+def train(model, vocab_map, cache: TeacherCache, objective, cfg: TrainConfig, work: Path,
           resume: bool, progress_cb=None) -> dict:
-    """Runs until cfg.steps or cfg.minutes (training wall time, counted across resumes) is spent."""
+    """Runs until cfg.steps or cfg.minutes (training wall time, counted across resumes) is spent.
+    `objective`: `loss(model, batch) -> (loss, parts)` and `agreement(model, vocab_map) -> {"agreement": ..}`
+    (DistillObjective here, EagleObjective in eagle.py); frozen parameters (requires_grad off) stay put."""
     ckpt_path, log_path = work / "checkpoint.pt", work / "train_log.jsonl"
-    to_draft = torch.full((model.config.vocab_size,), -1, dtype=torch.long)
-    to_draft[vocab_map if vocab_map is not None else torch.arange(model.config.vocab_size)] = torch.arange(
-        len(vocab_map) if vocab_map is not None else model.config.vocab_size)
-    decay = [p for n, p in model.named_parameters() if p.dim() == 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in trainable if p.dim() == 2]
+    no_decay = [p for p in trainable if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
     step, elapsed, tokens_seen, loss_avg = 0, 0.0, 0, None
@@ -109,9 +127,9 @@ def train(model, vocab_map, cache: TeacherCache, eval_shard: dict, cfg: TrainCon
     model.train()
     last_ckpt = time.monotonic()
     start = time.monotonic() - elapsed
-    agree = agreement(model, eval_shard, vocab_map) if step == 0 else None
+    agree = objective.agreement(model, vocab_map) if step == 0 else None
     if step == 0:
-        _log(log_path, {"step": 0, "elapsed": 0.0, "agreement": agree})
+        _log(log_path, {"step": 0, "elapsed": 0.0, **_rounded(agree)})
 
     def progress() -> float:
         parts = []
@@ -128,36 +146,39 @@ def train(model, vocab_map, cache: TeacherCache, eval_shard: dict, cfg: TrainCon
         lr = lr_at(cfg, progress())
         for group in opt.param_groups:
             group["lr"] = lr
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            logits = model.lm_head(causal_forward(model, batch["tokens"].long().clamp_min(0)))
-        loss, parts = distill_loss(logits, batch, to_draft, cfg.ce_weight)
+        loss, parts = objective.loss(model, batch)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         opt.step()
         step += 1
         tokens_seen += int((batch["tokens"] >= 0).sum())
         loss_avg = float(loss.detach()) if loss_avg is None else 0.95 * loss_avg + 0.05 * float(loss.detach())
         elapsed = time.monotonic() - start
         if step % cfg.eval_every == 0:
-            agree = agreement(model, eval_shard, vocab_map)
+            agree = objective.agreement(model, vocab_map)
             _log(log_path, {"step": step, "elapsed": round(elapsed, 1), "loss": round(loss_avg, 4),
-                            "kl": round(parts["kl"], 4), "ce": round(parts["ce"], 4), "lr": lr,
-                            "tokens": tokens_seen, "agreement": round(agree, 4),
+                            **_rounded(parts), "lr": lr, "tokens": tokens_seen, **_rounded(agree),
                             "teacher_seconds": round(cache.seconds_teaching, 1)})
         if progress_cb:
-            progress_cb(progress=min(1.0, progress()), step=step, loss=loss_avg, agreement=agree,
+            progress_cb(progress=min(1.0, progress()), step=step, loss=loss_avg,
+                        agreement=agree["agreement"] if agree else None,
                         tokens_per_s=tokens_seen / max(elapsed, 1e-9), elapsed=elapsed)
         if time.monotonic() - last_ckpt > cfg.checkpoint_seconds:
             _checkpoint(ckpt_path, model, opt, step, elapsed, tokens_seen, loss_avg, cfg)
             last_ckpt = time.monotonic()
-    agree = agreement(model, eval_shard, vocab_map)
+    agree = objective.agreement(model, vocab_map)
     elapsed = time.monotonic() - start
     _log(log_path, {"step": step, "elapsed": round(elapsed, 1), "loss": loss_avg, "tokens": tokens_seen,
-                    "agreement": round(agree, 4), "final": True})
+                    **_rounded(agree), "final": True})
     _checkpoint(ckpt_path, model, opt, step, elapsed, tokens_seen, loss_avg, cfg)
+    extra = {f"heldout_top1_{k}": round(v, 4) for k, v in agree.items() if k != "agreement"}
     return {"steps": step, "train_seconds": round(elapsed, 1), "tokens_seen": tokens_seen,
-            "final_loss": loss_avg, "heldout_top1_agreement": round(agree, 4)}
+            "final_loss": loss_avg, "heldout_top1_agreement": round(agree["agreement"], 4), **extra}
+
+
+def _rounded(values: dict) -> dict:
+    return {k: round(v, 4) for k, v in values.items()}
 
 
 def _checkpoint(path: Path, model, opt, step, elapsed, tokens_seen, loss_avg, cfg) -> None:

@@ -145,11 +145,19 @@ class LLMEngine:
                 seq.num_computed = end
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = time.monotonic()
-        logits, _ = self.runner.forward(items)
+        reads_hidden = self.proposer is not None and self.proposer.reads_target_hidden
+        logits, hidden = self.runner.forward(items, all_hidden=reads_hidden)
         t3 = time.perf_counter()
         stats.t_forward = t3 - t2
 
         committed, rows = self._verify(logits, verify, draft_probs)
+        if reads_hidden:  # hand the target's hidden state of every committed position to an EAGLE draft
+            start = 0
+            for j, item in enumerate(items):
+                seq = decodes[j].seq if j < len(decodes) else prefills[j - len(decodes)].seq
+                valid = len(committed[j]) if j < len(decodes) else len(item.token_ids)
+                self.proposer.observe_target(seq, item.ctx_len - len(item.token_ids), hidden[start:start + valid])
+                start += len(item.token_ids)
         t4 = time.perf_counter()
         stats.t_sample = t4 - t3
 
@@ -179,7 +187,7 @@ class LLMEngine:
                 seq.num_computed = len(seq.token_ids) - 1
                 self.scheduler.blocks.shrink(seq.block_table, len(seq.token_ids))  # release rejected slots
                 if self.proposer is not None:
-                    self.proposer.on_commit(seq, len(d))
+                    self.proposer.on_commit(seq, len(tokens))
             outputs.append(self._output(seq, new))
         stats.num_decodes = len(decodes)
         stats.num_prefill_tokens = sum(s.num_tokens for s in prefills)

@@ -44,13 +44,16 @@ class ModelRunner:
                                           c.num_key_value_heads, c.head_dim, self.dtype, self.device)
 
     @torch.inference_mode()
-    def forward(self, items: list[ForwardItem]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns (logits [R, vocab] float32, hidden [R, hidden]) for the requested rows, in item order."""
+    def forward(self, items: list[ForwardItem], features: torch.Tensor | None = None,
+                all_hidden: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (logits [R, vocab] float32, hidden [R, hidden]) for the requested rows, in item order;
+        with `all_hidden`, hidden is [T, hidden] for every new token instead. features: [T, hidden], the
+        per-token input of an EAGLE draft."""
         meta = AttentionMetadata.build([len(it.token_ids) for it in items], [it.ctx_len for it in items],
                                        [it.block_table for it in items], self.block_size, self.device,
                                        self.config.sliding_window)
         ids = torch.tensor([t for it in items for t in it.token_ids], dtype=torch.long, device=self.device)
-        hidden = self.model(ids, meta, self.kv_cache)
+        hidden = self.model(ids, meta, self.kv_cache, features)
         rows, end = [], 0
         for it in items:
             end += len(it.token_ids)
@@ -59,4 +62,4 @@ class ModelRunner:
             selected = hidden
         else:
             selected = hidden[torch.tensor(rows, dtype=torch.long, device=self.device)]
-        return self.model.compute_logits(selected), selected
+        return self.model.compute_logits(selected), hidden if all_hidden else selected

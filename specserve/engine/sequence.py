@@ -59,6 +59,7 @@ class Sequence:
         self.block_table: list[int] = []
         self.num_computed = 0        # tokens whose target KV is in the cache
         self.num_draft_computed = 0  # tokens whose draft-model KV is in the cache
+        self.proposer_state = None   # the proposer's own per-request data (EAGLE: target features to read)
         self.generator = None if params.greedy else torch.Generator()
         if self.generator is not None:
             self.generator.manual_seed(params.seed if params.seed is not None

@@ -37,6 +37,10 @@ class ModelConfig:
     # Small drafts keep the full input vocabulary in a low-rank table (vocab x rank, then rank -> hidden):
     # a full-width embedding alone would be most of a draft's size. None: the usual vocab x hidden table.
     embedding_rank: int | None = None
+    # EAGLE-style draft: each position reads fc([embedding of its token; the target's final hidden state at
+    # the previous position]) and its output is the prediction of the target's hidden state. The input
+    # embedding is the target's own (not stored with the draft).
+    eagle: bool = False
 
     def __post_init__(self):
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -92,6 +96,7 @@ class ModelConfig:
                 eos_token_id=d.get("eos_token_id") or [],
                 draft_vocab_size=d.get("draft_vocab_size"),
                 embedding_rank=d.get("embedding_rank"),
+                eagle=bool(d.get("eagle", False)),
             )
         except KeyError as e:
             raise ModelLoadError(f"config.json is missing required field {e.args[0]!r}") from None
@@ -109,6 +114,8 @@ class ModelConfig:
                 del d[key]
         if self.sliding_window is None:
             d.pop("sliding_window")
+        if not self.eagle:
+            d.pop("eagle")
         return d
 
     @property

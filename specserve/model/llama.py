@@ -65,6 +65,7 @@ class LlamaModel(nn.Module):
         rank = config.embedding_rank
         self.embed_tokens = nn.Embedding(config.vocab_size, rank or config.hidden_size)
         self.embed_proj = nn.Linear(rank, config.hidden_size, bias=False) if rank else None
+        self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=False) if config.eagle else None
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         head_rows = config.draft_vocab_size or config.vocab_size
@@ -76,18 +77,26 @@ class LlamaModel(nn.Module):
         # Not a buffer: `.to(bfloat16)` must not round the cos/sin table; it follows the input's device.
         self.rope = rope_table(config, config.max_position_embeddings)
 
-    def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata,
-                kv_cache: torch.Tensor) -> torch.Tensor:
+    def embed(self, input_ids: torch.Tensor, features: torch.Tensor | None = None) -> torch.Tensor:
+        """input_ids [...] -> layer input [..., hidden]. An EAGLE draft also takes `features` [..., hidden]:
+        the target's final hidden state at each token's previous position."""
+        x = self.embed_tokens(input_ids)
+        if self.embed_proj is not None:
+            x = self.embed_proj(x)
+        if self.fc is not None:
+            x = self.fc(torch.cat([x, features.to(x.dtype)], dim=-1))
+        return x
+
+    def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata, kv_cache: torch.Tensor,
+                features: torch.Tensor | None = None) -> torch.Tensor:
         """input_ids: [T] new tokens of all sequences, flattened; kv_cache: [layers, 2, num_blocks,
-        block_size, Hkv, D]. Returns the final hidden states [T, hidden] (call `compute_logits` on the
-        rows that need them)."""
+        block_size, Hkv, D]; features: [T, hidden] for an EAGLE draft. Returns the final hidden states
+        [T, hidden] (call `compute_logits` on the rows that need them)."""
         if self.rope.device != input_ids.device:
             self.rope = self.rope.to(input_ids.device)
         cos_sin = self.rope[meta.positions]  # [T, 2, D/2]
         cos, sin = cos_sin[:, 0, None], cos_sin[:, 1, None]
-        x = self.embed_tokens(input_ids)
-        if self.embed_proj is not None:
-            x = self.embed_proj(x)
+        x = self.embed(input_ids, features)
         for layer, kv in zip(self.layers, kv_cache):
             x = layer(x, cos, sin, kv, meta)
         return self.norm(x)

@@ -46,8 +46,11 @@ def load_hf_state_dict(model: LlamaModel, hf: dict[str, torch.Tensor]) -> None:
             raise ModelLoadError(f"checkpoint has no tensor {name!r}")
         return hf[name]
 
-    ours: dict[str, torch.Tensor] = {"embed_tokens.weight": take("embed_tokens.weight"),
-                                     "norm.weight": take("norm.weight")}
+    ours: dict[str, torch.Tensor] = {"norm.weight": take("norm.weight")}
+    if not cfg.eagle or "embed_tokens.weight" in hf:  # an EAGLE draft reads the target's embedding
+        ours["embed_tokens.weight"] = take("embed_tokens.weight")
+    if cfg.eagle:
+        ours["fc.weight"] = take("fc.weight")
     if cfg.embedding_rank:
         ours["embed_proj.weight"] = take("embed_proj.weight")
     if cfg.tie_word_embeddings and "lm_head.weight" not in hf:
@@ -81,7 +84,11 @@ def hf_state_dict(model: LlamaModel) -> dict[str, torch.Tensor]:
     """Our parameters under Hugging Face names (un-fused), for saving a checkpoint transformers reads."""
     cfg = model.config
     sd = {k: v.detach() for k, v in model.state_dict().items()}
-    out = {"model.embed_tokens.weight": sd["embed_tokens.weight"], "model.norm.weight": sd["norm.weight"]}
+    out = {"model.norm.weight": sd["norm.weight"]}
+    if cfg.eagle:
+        out["model.fc.weight"] = sd["fc.weight"]
+    else:
+        out["model.embed_tokens.weight"] = sd["embed_tokens.weight"]
     if cfg.embedding_rank:
         out["model.embed_proj.weight"] = sd["embed_proj.weight"]
     if not cfg.tie_word_embeddings:

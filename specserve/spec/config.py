@@ -5,6 +5,9 @@
      "prompt_lookup_max": 4, "prompt_lookup_min": 2}                       prompt lookup, no draft model
     {"model": "DIR_OR_ALIAS", "num_speculative_tokens": 4, "ngram_first": true}
                                       prompt lookup where it finds a match, the draft model elsewhere
+    {"method": "eagle", "model": "DIR_OR_ALIAS", "num_speculative_tokens": 4}
+                                      a draft that reads the target's hidden state (`specserve distill
+                                      --method eagle`); "draft_model" with such a directory works too
 """
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from dataclasses import dataclass, fields
 
 from specserve.errors import SpecServeError
 
-METHODS = ("draft_model", "ngram")
+METHODS = ("draft_model", "eagle", "ngram")
 MAX_SPECULATIVE_TOKENS = 16  # verify queries stay in the "short" attention group (attention.SHORT_QUERY_MAX)
 
 
@@ -35,12 +38,12 @@ class SpeculativeConfig:
         if not 1 <= self.num_speculative_tokens < MAX_SPECULATIVE_TOKENS:
             raise SpecServeError(f"num_speculative_tokens must be in [1, {MAX_SPECULATIVE_TOKENS - 1}], "
                                  f"got {self.num_speculative_tokens}")
-        if self.method == "draft_model" and not self.model:
+        if self.method in ("draft_model", "eagle") and not self.model:
             raise SpecServeError('speculative config needs "model" (a draft directory or alias) '
                                  'or "method": "ngram"')
         if not isinstance(self.ngram_first, bool):
             raise SpecServeError(f"ngram_first must be true or false, got {self.ngram_first!r}")
-        if self.ngram_first and self.method != "draft_model":
+        if self.ngram_first and self.method == "ngram":
             raise SpecServeError('"ngram_first" combines prompt lookup with a draft model: it needs "model"')
         uses_lookup = self.method == "ngram" or self.ngram_first
         if uses_lookup and not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:

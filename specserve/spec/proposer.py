@@ -25,6 +25,7 @@ class NgramProposer:
     down to min) and propose the tokens that followed it."""
 
     has_cache = False
+    reads_target_hidden = False
 
     def __init__(self, prompt_lookup_min: int, prompt_lookup_max: int):
         self.min_n, self.max_n = prompt_lookup_min, prompt_lookup_max
@@ -46,7 +47,7 @@ class NgramProposer:
                 return arr[start:start + k].tolist()
         return []
 
-    def on_commit(self, seq, num_drafted: int) -> None:
+    def on_commit(self, seq, num_committed: int) -> None:
         pass
 
 
@@ -59,6 +60,7 @@ class DraftModelProposer:
     only for the others; the draft cache catches up with the skipped tokens in its next forward."""
 
     has_cache = True
+    reads_target_hidden = False
 
     def __init__(self, runner: ModelRunner, target_vocab_size: int, vocab_map: torch.Tensor | None,
                  lookup: NgramProposer | None = None):
@@ -69,12 +71,8 @@ class DraftModelProposer:
 
     def propose(self, prefills: list[ScheduledSeq], decodes: list[ScheduledSeq], controller) -> Proposal:
         t0 = time.perf_counter()
-        items, drafting = [], []
-        for s in prefills:  # catch the draft cache up with the prompt chunk the target computes now
-            seq, end = s.seq, s.seq.num_computed + s.num_tokens
-            if end > seq.num_draft_computed:
-                items.append(ForwardItem(seq.token_ids[seq.num_draft_computed:end], end, seq.block_table, 0))
-                seq.num_draft_computed = end
+        items = self._catch_up(prefills)
+        features, drafting = [], []
         n = len(decodes)
         tokens: list[list[int]] = [[] for _ in range(n)]
         conf: list[list[float]] = [[] for _ in range(n)]
@@ -85,6 +83,8 @@ class DraftModelProposer:
             if self.lookup is not None and (found := self.lookup.lookup(seq.token_ids, s.max_drafts)):
                 tokens[i], conf[i] = found, [1.0] * len(found)
                 continue
+            if self.reads_target_hidden:
+                features.append(self._pending_features(seq))
             items.append(ForwardItem(seq.token_ids[seq.num_draft_computed:], len(seq.token_ids),
                                      seq.block_table, 1))
             drafting.append(i)
@@ -96,19 +96,33 @@ class DraftModelProposer:
                 probs[i, j, token] = 1.0
         step = 0
         while items:
-            logits, _ = self.runner.forward(items)  # one row per drafting request (prefills ask none)
+            # One row per drafting request (prefill catch-up asks none); `predicted`: the draft's hidden state.
+            logits, predicted = self.runner.forward(items, torch.cat(features) if features else None)
             self._draft_one(logits, drafting, decodes, tokens, conf, probs, step)
             step += 1
             for i in drafting:
                 decodes[i].seq.num_draft_computed = len(decodes[i].seq.token_ids) + step - 1
             go = controller.keep_drafting(step, [conf[i] for i in drafting])
-            drafting = [i for i, g in zip(drafting, go) if g and step < decodes[i].max_drafts]
+            keep = [r for r, (i, g) in enumerate(zip(drafting, go)) if g and step < decodes[i].max_drafts]
+            drafting = [drafting[r] for r in keep]
+            # An EAGLE draft's next row reads its own prediction of the target's hidden state.
+            features = [predicted[keep]] if self.reads_target_hidden and keep else []
             items = [ForwardItem([tokens[i][-1]], len(decodes[i].seq.token_ids) + step,
                                  decodes[i].seq.block_table, 1) for i in drafting]
         keep = controller.final_lengths(conf)
         tokens = [t[:k] for t, k in zip(tokens, keep)]
         conf = [c[:k] for c, k in zip(conf, keep)]
         return Proposal(tokens, probs, conf, time.perf_counter() - t0)
+
+    def _catch_up(self, prefills: list[ScheduledSeq]) -> list[ForwardItem]:
+        """Draft-cache rows for the prompt chunks the target computes in this step (no logits wanted)."""
+        items = []
+        for s in prefills:
+            seq, end = s.seq, s.seq.num_computed + s.num_tokens
+            if end > seq.num_draft_computed:
+                items.append(ForwardItem(seq.token_ids[seq.num_draft_computed:end], end, seq.block_table, 0))
+                seq.num_draft_computed = end
+        return items
 
     def _draft_one(self, logits, drafting, decodes, tokens, conf, probs, step) -> None:
         """Pick the next draft token of every drafting request from its draft logits [len(drafting), Vd]."""
@@ -128,6 +142,6 @@ class DraftModelProposer:
                     probs[i, step].index_copy_(0, self.vocab_map, q)
             tokens[i].append(local if self.vocab_map is None else int(self.vocab_map[local]))
 
-    def on_commit(self, seq, num_drafted: int) -> None:
+    def on_commit(self, seq, num_committed: int) -> None:
         # The draft cache holds the fed tokens; only those that were committed stay valid.
         seq.num_draft_computed = min(seq.num_draft_computed, len(seq.token_ids) - 1)

@@ -9,17 +9,29 @@ from specserve.engine.model_runner import ModelRunner
 from specserve.errors import SpecServeError
 from specserve.model.loader import LoadedModel, load_model
 from specserve.spec.config import SpeculativeConfig
+from specserve.spec.eagle import EagleProposer
 from specserve.spec.proposer import DraftModelProposer, NgramProposer
 
 
 def load_draft(spec: SpeculativeConfig, target: LoadedModel, config) -> LoadedModel | None:
-    if spec.method != "draft_model":
+    if spec.method == "ngram":
         return None
     from specserve.spec.drafts import resolve_draft
     draft = load_model(resolve_draft(spec.model), spec.draft_dtype or config.dtype, config.device)
     if draft.tokenizer.hf.get_vocab() != target.tokenizer.hf.get_vocab():
         raise SpecServeError(f"draft model {spec.model} has a different tokenizer than the target "
                              f"{config.model}; speculative decoding needs the same vocabulary")
+    if spec.method == "eagle" and not draft.config.eagle:
+        raise SpecServeError(f'"method": "eagle" needs an EAGLE draft (made by `specserve distill --method eagle`); '
+                             f"{spec.model} is a standalone draft: use \"method\": \"draft_model\"")
+    if draft.config.eagle:
+        if draft.config.hidden_size != target.config.hidden_size:
+            raise SpecServeError(f"EAGLE draft {spec.model} reads hidden states of width {draft.config.hidden_size}, "
+                                 f"but the target's are {target.config.hidden_size} wide: it was made for another target")
+        # The draft reads tokens through the target's own embedding (not stored with the draft).
+        shared = target.model.embed_tokens.weight
+        draft.model.embed_tokens.weight = torch.nn.Parameter(shared.to(draft.model.fc.weight.dtype), requires_grad=False) \
+            if shared.dtype != draft.model.fc.weight.dtype else shared
     return draft
 
 
@@ -36,5 +48,6 @@ def build_proposer(spec: SpeculativeConfig, draft: LoadedModel | None, target: L
         if len(vocab_map) != draft.config.draft_vocab_size or int(vocab_map.max()) >= target.config.vocab_size:
             raise SpecServeError(f"vocab_map.json in {draft.path} does not match draft_vocab_size / the target vocabulary")
     lookup = NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max) if spec.ngram_first else None
-    return DraftModelProposer(ModelRunner(draft.model, num_blocks, block_size), target.config.vocab_size, vocab_map,
+    proposer = EagleProposer if draft.config.eagle else DraftModelProposer
+    return proposer(ModelRunner(draft.model, num_blocks, block_size), target.config.vocab_size, vocab_map,
                               lookup)

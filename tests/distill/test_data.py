@@ -59,7 +59,7 @@ def test_teacher_cache_holds_exact_top_k_and_logsumexp(tiny_target, tmp_path):
         [windows[0].tolist()], SamplingParams(max_tokens=1, temperature=0))[0]
     assert out.token_ids[0] == int(entry["topk_ids"][0, -1, 0])
 
-    cache = TeacherCache(tmp_path / "cache", target.model, windows, shard_size=3, k=8)
+    cache = TeacherCache(tmp_path / "cache", lambda rows: teach(target.model, rows, 8), windows, shard_size=3)
     first = cache.get(1)
     assert cache.tokens_taught == int((windows[3:6] != PAD).sum()) and (tmp_path / "cache" / "shard-00001.safetensors").exists()
     again = cache.get(1)  # served from disk, not taught again

@@ -167,3 +167,27 @@ def test_reduced_vocabulary_draft_is_lossless_when_sampling(tiny_target, distill
         assert tv < 0.08, f"position {pos}: TV {tv:.3f}"
         if exact[outside].sum() > 0.02:
             assert abs(float(counts[outside].sum() / n - exact[outside].sum())) < 0.03
+
+
+def test_eagle_distillation_raises_acceptance_and_exports_a_draft_without_the_embedding(tiny_target, tmp_path):
+    """`--method eagle`: one target-width layer reading the target's hidden states, trained on cached
+    target features; the exported draft omits the (shared) embedding and the engine runs it losslessly."""
+    work = tmp_path / "work"  # shared: the trained run reuses the first run's replies and feature shards
+    init = run(tiny_config(tiny_target, ["chat"], tmp_path, steps=0, name="init", work=work, method="eagle"),
+               log=lambda m: None)
+    trained = run(tiny_config(tiny_target, ["chat"], tmp_path, steps=80, name="trained", work=work, method="eagle",
+                              train={"lr": 1e-2}), log=lambda m: None)
+    prompts = heldout_prompts(tiny_target)
+    before, after = acceptance(tiny_target, tmp_path / "init", prompts), acceptance(tiny_target, tmp_path / "trained", prompts)
+    assert after > before + 0.2, (before, after)
+    assert trained["heldout_top1_agreement"] > init["heldout_top1_agreement"] + 0.15
+    assert trained["heldout_top1_agreement_step2"] > init["heldout_top1_agreement_step2"] + 0.15
+    cfg = json.loads((tmp_path / "trained" / "config.json").read_text())
+    assert cfg["eagle"] and cfg["num_hidden_layers"] == 1 and cfg["hidden_size"] == 64
+    from safetensors.torch import load_file
+    w = load_file(str(tmp_path / "trained" / "model.safetensors"))
+    assert "model.embed_tokens.weight" not in w and w["model.fc.weight"].shape == (64, 128)
+    want = [o.token_ids for o in LLM(model=str(tiny_target), dtype="float32").generate(prompts, GREEDY)]
+    llm = LLM(model=str(tiny_target), dtype="float32", max_num_seqs=8,
+              speculative_config={"method": "eagle", "model": str(tmp_path / "trained"), "num_speculative_tokens": 4})
+    assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == want

@@ -28,13 +28,16 @@ def baseline(tiny_target):
     return ps, [o.token_ids for o in LLM(model=str(tiny_target), dtype="float32").generate(ps, GREEDY)]
 
 
-def spec_config(method: str, draft, k: int) -> dict:
+def spec_config(method: str, request, k: int) -> dict:
+    """method: ngram, draft_model or eagle, the last two optionally "+ngram" (prompt lookup first)."""
     if method == "ngram":
         return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 1}
-    return {"model": str(draft), "num_speculative_tokens": k, "ngram_first": method == "draft_model+ngram"}
+    base = method.removesuffix("+ngram")
+    draft = request.getfixturevalue("tiny_eagle" if base == "eagle" else "tiny_draft")
+    return {"method": base, "model": str(draft), "num_speculative_tokens": k, "ngram_first": method.endswith("+ngram")}
 
 
-METHODS = ["draft_model", "ngram", "draft_model+ngram"]
+METHODS = ["draft_model", "ngram", "draft_model+ngram", "eagle", "eagle+ngram"]
 
 
 def count_proposal_sources(proposer) -> dict:
@@ -47,25 +50,25 @@ def count_proposal_sources(proposer) -> dict:
         used["lookup"] += bool(found)
         return found
 
-    def counted_forward(items):
+    def counted_forward(items, *args):
         used["draft_model"] += any(it.num_logits for it in items)
-        return forward(items)
+        return forward(items, *args)
 
     proposer.lookup.lookup, proposer.runner.forward = counted_lookup, counted_forward
     return used
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_greedy_sd_is_token_identical_for_k_1_to_8_and_batch_1_to_32(tiny_target, tiny_draft, baseline, method):
+def test_greedy_sd_is_token_identical_for_k_1_to_8_and_batch_1_to_32(tiny_target, request, baseline, method):
     ps, want = baseline
     total_accepted = 0
     for k, max_num_seqs in zip(range(1, 9), [1, 2, 3, 5, 8, 13, 21, 32]):
-        spec = spec_config(method, tiny_draft, k)
+        spec = spec_config(method, request, k)
         llm = LLM(model=str(tiny_target), dtype="float32", max_num_seqs=max_num_seqs, speculative_config=spec)
-        if method == "draft_model+ngram":
+        if method.endswith("+ngram"):
             used = count_proposal_sources(llm.engine.proposer)
         outs = llm.generate(ps, GREEDY)
-        if method == "draft_model+ngram":
+        if method.endswith("+ngram"):
             assert used["lookup"] > 0 and used["draft_model"] > 0, used  # both sources really proposed
         assert [o.token_ids for o in outs] == want, f"k={k}"
         total_accepted += sum(o.spec["num_accepted_tokens"] for o in outs)
@@ -74,9 +77,9 @@ def test_greedy_sd_is_token_identical_for_k_1_to_8_and_batch_1_to_32(tiny_target
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_greedy_sd_with_preemption(tiny_target, tiny_draft, baseline, method):
+def test_greedy_sd_with_preemption(tiny_target, request, baseline, method):
     ps, want = baseline
-    spec = spec_config(method, tiny_draft, 4)
+    spec = spec_config(method, request, 4)
     llm = LLM(model=str(tiny_target), dtype="float32", speculative_config=spec, num_kv_blocks=40, block_size=4,
               max_model_len=96, max_num_seqs=16)
     assert [o.token_ids for o in llm.generate(ps[:40], GREEDY)] == want[:40]
@@ -117,14 +120,16 @@ def exact_marginals(llm, prompt, params):
     return p1, p1 @ probs[1:]
 
 
-@pytest.mark.parametrize("ngram_first", [False, True])
-def test_sampled_sd_follows_the_target_distribution(tiny_target, tiny_far_draft, ngram_first):
+@pytest.mark.parametrize("draft,ngram_first", [("tiny_far_draft", False), ("tiny_far_draft", True),
+                                               ("tiny_far_eagle", False)])
+def test_sampled_sd_follows_the_target_distribution(tiny_target, request, draft, ngram_first):
     """T = 0.8, top-p 0.9, a draft whose q differs a lot from p: the empirical distribution of the first
     two generated tokens under SD converges to the exact target marginals and beats random references.
     With ngram_first the prompt's repeat ([7, 8] -> 9) makes lookup propose the first step's tokens
     (one-hot q) and the draft model later steps where lookup finds nothing: both kinds of q in one batch.
-    (Deterministic n-gram proposals alone are covered at the sampler level in test_rejection_sampler.)"""
-    spec = {"model": str(tiny_far_draft), "num_speculative_tokens": 3, "ngram_first": ngram_first}
+    (Deterministic n-gram proposals alone are covered at the sampler level in test_rejection_sampler.)
+    The EAGLE draft's q comes from its reading of the target's hidden states."""
+    spec = {"model": str(request.getfixturevalue(draft)), "num_speculative_tokens": 3, "ngram_first": ngram_first}
     llm = LLM(model=str(tiny_target), dtype="float32", speculative_config=spec, max_num_seqs=64)
     prompt = [7, 8, 9, 7, 8]
     base = dict(max_tokens=4, temperature=0.8, top_p=0.9, ignore_eos=True)

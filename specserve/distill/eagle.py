@@ -1,0 +1,126 @@
+"""EAGLE-style drafts: a draft that reads the target's own final hidden state.
+
+A standalone draft must re-derive from tokens what the target already knows. An EAGLE draft (Li et al.,
+2024) gets it for free: the row of position j reads fc([embedding of token j; f_{j-1}]), where f_{j-1} is
+the target's final (normed) hidden state at position j-1, and predicts f_j; the (reduced) target head turns
+that into the draft's distribution for token j+1. Its next step reads its own prediction f̂_j in place of
+f_j, which the target has not computed yet. One Llama layer of the target's width is enough.
+
+Training (teacher forcing, no generation): the target's features of real text windows are cached once
+(`teacher.teach_features`); the loss of each position is
+    reg_weight · SmoothL1(f̂_j, f_j) + cls_weight · KL(p_j || q_j)
+with p_j the target's next-token distribution restricted to the draft vocabulary (softmax of the kept head
+rows applied to f_j: exact, no top-k truncation) and q_j the draft's. Every window is drafted twice: pass 1
+reads the target's features (plus small uniform noise, as EAGLE does, for robustness to its own errors);
+pass 2 reads pass 1's predictions and attends to pass 1's keys for earlier positions, i.e. exactly the
+draft's second step at inference ("training-time test"), so later draft positions are trained too.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from specserve.distill.student import causal_forward
+from specserve.model.config import ModelConfig
+from specserve.model.llama import LlamaModel
+
+
+def eagle_config(target: ModelConfig, layers: int, draft_vocab: int | None) -> ModelConfig:
+    """The target's layer shape (width, heads, MLP) with `layers` layers and an EAGLE input."""
+    return ModelConfig(
+        vocab_size=target.vocab_size, hidden_size=target.hidden_size, intermediate_size=target.intermediate_size,
+        num_hidden_layers=layers, num_attention_heads=target.num_attention_heads,
+        num_key_value_heads=target.num_key_value_heads, head_dim=target.head_dim,
+        rms_norm_eps=target.rms_norm_eps, rope_theta=target.rope_theta, rope_scaling=target.rope_scaling,
+        max_position_embeddings=target.max_position_embeddings, tie_word_embeddings=False,
+        attention_bias=target.attention_bias, architecture=target.architecture,
+        bos_token_id=target.bos_token_id, eos_token_id=list(target.eos_token_id),
+        draft_vocab_size=draft_vocab, eagle=True)
+
+
+def init_eagle(target: LlamaModel, config: ModelConfig, vocab_map: torch.Tensor | None, seed: int) -> LlamaModel:
+    """Embedding, final norm and head rows come from the target and stay frozen (the draft predicts in the
+    target's feature space and must score tokens as the target does). fc starts as "pass the feature
+    through" plus a small token term; the layers start small and random with scaled residual outputs."""
+    torch.manual_seed(seed)
+    model = LlamaModel(config)
+    h = config.hidden_size
+    head = target.lm_head.weight.detach().float()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                torch.nn.init.normal_(p, std=0.02)
+                if name.endswith(("o_proj.weight", "down_proj.weight")):
+                    p.mul_((2 * config.num_hidden_layers) ** -0.5)
+        model.fc.weight[:, h:] += torch.eye(h)
+        model.embed_tokens.weight.copy_(target.embed_tokens.weight.float())
+        model.norm.weight.copy_(target.norm.weight.float())
+        model.lm_head.weight.copy_(head if vocab_map is None else head[vocab_map])
+    for frozen in (model.embed_tokens.weight, model.norm.weight, model.lm_head.weight):
+        frozen.requires_grad_(False)
+    return model
+
+
+def previous_features(features: torch.Tensor) -> torch.Tensor:
+    """[B, T, H] target features f_t -> the input of row t, f_{t-1} (zeros for position 0)."""
+    return F.pad(features[:, :-1], (0, 0, 1, 0))
+
+
+class EagleObjective:
+    """Loss and held-out agreement of an EAGLE draft on cached target features."""
+
+    def __init__(self, eval_shard: dict, reg_weight: float = 1.0, cls_weight: float = 0.1, noise: float = 0.2):
+        self.eval_shard = eval_shard  # tokens, features, and the target's full-vocabulary argmax ("argmax")
+        self.reg_weight, self.cls_weight, self.noise = reg_weight, cls_weight, noise
+
+    def loss(self, model: LlamaModel, batch: dict) -> tuple[torch.Tensor, dict]:
+        tokens = batch["tokens"].long()
+        valid = tokens >= 0
+        ids, f = tokens.clamp_min(0), batch["features"].float()
+        prev = previous_features(f)
+        prev = prev + (torch.rand_like(prev) * 2 - 1) * self.noise * (prev != 0)
+        with torch.no_grad():
+            logp = F.log_softmax(f @ model.lm_head.weight.float().T, dim=-1)  # p over the kept tokens
+        kv: list = []
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=ids.device.type == "cpu"):
+            out1 = causal_forward(model, ids, prev, kv_out=kv)
+            out2 = causal_forward(model, ids, previous_features(out1), prefix=kv)
+        total, parts = 0.0, {}
+        for name, out in (("1", out1), ("2", out2)):
+            logq = F.log_softmax(model.lm_head(out).float(), dim=-1)
+            kl = (logp.exp() * (logp - logq)).sum(-1)[valid].mean()
+            reg = F.smooth_l1_loss(out.float(), f, reduction="none").mean(-1)[valid].mean()
+            total = total + self.reg_weight * reg + self.cls_weight * kl
+            parts[f"kl{name}"], parts[f"reg{name}"] = float(kl.detach()), float(reg.detach())
+        return total, parts
+
+    @torch.no_grad()
+    def agreement(self, model: LlamaModel, vocab_map: torch.Tensor | None) -> dict:
+        """Held-out top-1 agreement with the target's argmax, first draft step (target features) and second
+        (the draft's own predicted features)."""
+        model.eval()
+        hits, total = [0, 0], 0
+        shard = self.eval_shard
+        for start in range(0, len(shard["tokens"]), 8):
+            tok = shard["tokens"][start:start + 8].long()
+            valid = tok >= 0
+            f = shard["features"][start:start + 8].float()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=tok.device.type == "cpu"):
+                kv: list = []
+                out1 = causal_forward(model, tok.clamp_min(0), previous_features(f), kv_out=kv)
+                out2 = causal_forward(model, tok.clamp_min(0), previous_features(out1), prefix=kv)
+            for i, out in enumerate((out1, out2)):
+                pred = model.lm_head(out).argmax(-1)
+                if vocab_map is not None:
+                    pred = vocab_map[pred]
+                hits[i] += int(((pred == shard["argmax"][start:start + 8].long()) & valid).sum())
+            total += int(valid.sum())
+        model.train()
+        return {"agreement": hits[0] / max(1, total), "agreement_step2": hits[1] / max(1, total)}
+
+
+@torch.no_grad()
+def target_argmax(target: LlamaModel, shard: dict) -> torch.Tensor:
+    """[N, T] the target's greedy next token at every position of a feature shard (full vocabulary)."""
+    return torch.stack([target.compute_logits(f.to(target.lm_head.weight.dtype)).argmax(-1)
+                        for f in shard["features"]]).int()

@@ -1,0 +1,61 @@
+"""EAGLE proposer: a draft that reads the target's final hidden state (see specserve/distill/eagle.py).
+
+Row j of the draft reads token j and f_{j-1}, the target's hidden state at position j-1. The target
+computes f for every position it runs (prefill chunks, verified tokens); the engine hands over the rows of
+committed positions (`observe_target`) and they wait in a per-request buffer until the draft consumes
+them. Drafting step 1 ends at the last committed token, whose row reads a real f; later steps read the
+draft's own prediction f̂. Rows made from f̂ are provisional: after verification the draft cache is rolled
+back to the last position computed from real features, and the accepted tokens are redone next time from
+the target's f (one extra row per accepted token, in the same batched forward).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specserve.engine.model_runner import ForwardItem
+from specserve.engine.scheduler import ScheduledSeq
+from specserve.spec.proposer import DraftModelProposer
+
+
+@dataclass(slots=True)
+class FeatureBuffer:
+    start: int            # position of rows[0]
+    rows: torch.Tensor    # [n, hidden] target hidden states of positions start .. start + n - 1
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.rows)
+
+
+class EagleProposer(DraftModelProposer):
+    has_cache = False          # no draft prefill alongside the target's: it needs the target's features
+    reads_target_hidden = True
+
+    def observe_target(self, seq, start: int, rows: torch.Tensor) -> None:
+        """The target's hidden states [n, hidden] of committed positions start .. start + n - 1."""
+        buf = seq.proposer_state
+        if buf is None or not buf.start <= start <= buf.end:  # first rows, or a recompute after preemption
+            seq.proposer_state = FeatureBuffer(start, rows.clone())
+        else:
+            buf.rows = torch.cat([buf.rows[:start - buf.start], rows])
+
+    def _pending_features(self, seq) -> torch.Tensor:
+        """f_{j-1} for every draft row j from num_draft_computed to the last token (zeros before position 0)."""
+        first, last = seq.num_draft_computed - 1, len(seq.token_ids) - 2
+        buf = seq.proposer_state
+        rows = buf.rows[max(first, 0) - buf.start:last + 1 - buf.start]
+        if first < 0:
+            rows = torch.cat([rows.new_zeros(1, rows.shape[1]), rows])
+        assert len(rows) == last - first + 1, "EAGLE draft is missing target features"
+        seq.proposer_state = FeatureBuffer(last + 1, rows[:0])  # consumed: the next rows start at len - 1
+        return rows
+
+    def _catch_up(self, prefills: list[ScheduledSeq]) -> list[ForwardItem]:
+        return []  # prompt rows need the target's features: they ride in the request's first drafting forward
+
+    def on_commit(self, seq, num_committed: int) -> None:
+        # Valid draft rows are those made from the target's features: positions before this step's
+        # first committed token.
+        seq.num_draft_computed = min(seq.num_draft_computed, len(seq.token_ids) - num_committed)
