@@ -12,6 +12,7 @@ and target, and plain vs speculative decoding tokens/s on the code prompts.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import time
@@ -43,6 +44,14 @@ def decode_step_seconds(model_dir: str, steps: int = 64, context: int = 264) -> 
         runner.forward([ForwardItem([5], context + i + 1, table, 1)], feats(1))
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def stored_parameters(model_dir: str) -> int:
+    """Parameters in the draft's safetensors (the engine's packed copies are not module parameters; an
+    EAGLE draft stores no embedding: it reads the target's)."""
+    from safetensors import safe_open
+    with safe_open(f"{model_dir}/model.safetensors", "pt") as f:
+        return sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
 
 
 def generation_rate(llm, prompts, max_tokens: int = 64) -> float:
@@ -82,8 +91,7 @@ def main() -> None:
         res = {w: evaluate.tokens_per_step(o) for w, o in outs.items()}
         res["chat (all)"] = evaluate.tokens_per_step([o for cat in chat for o in outs[cat]])
         draft_model = llm.engine.proposer.runner.model
-        shared = draft_model.embed_tokens.weight if draft_model.config.eagle else None  # the target's own
-        res["_params"] = sum(p.numel() for p in draft_model.parameters() if p is not shared)
+        res["_params"] = stored_parameters(resolve_draft(name))
         res["_flops"] = evaluate.forward_flops(draft_model.config, 264)
         rows[name] = res
         del llm

@@ -46,8 +46,9 @@ def register(subparsers) -> None:
 def _command(args: argparse.Namespace) -> str:
     """The run as one explicit command line (every option, defaults included), for the draft's TRAINING.md."""
     parts = ["specserve", "distill"]
+    unused = ("hidden", "embedding_rank", "topk") if args.method == "eagle" else ()  # fixed by the target
     for key, value in vars(args).items():
-        if key in ("func", "command", "resume") or value is None or value is False:
+        if key in ("func", "command", "resume", *unused) or value is None or value is False:
             continue
         flag = "--" + key.replace("_", "-")
         parts += [flag, *map(str, value)] if isinstance(value, list) else [flag] if value is True else [flag, str(value)]
