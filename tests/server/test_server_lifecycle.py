@@ -127,7 +127,7 @@ def test_default_speculative_config(monkeypatch, tmp_path):
     assert server_cli.speculative_choice(_args())[0] is None  # no shipped draft yet: plain decoding
     (tmp_path / "chat").mkdir()
     (tmp_path / "chat" / "config.json").write_text("{}")
-    assert json.loads(server_cli.speculative_choice(_args())[0]) == {"model": "default", "num_speculative_tokens": 2,
+    assert json.loads(server_cli.speculative_choice(_args())[0]) == {"model": "default", "num_speculative_tokens": 3,
                                                                      "ngram_first": True}
     assert server_cli.speculative_choice(_args(model="/some/other/model"))[0] is None  # vocabularies differ
     assert server_cli.speculative_choice(_args(spec="none"))[0] is None
