@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from specserve.distill.student import causal_forward
+from specserve.distill.student import causal_forward, init_small
 from specserve.model.config import ModelConfig
 from specserve.model.llama import LlamaModel
 
@@ -47,11 +47,7 @@ def init_eagle(target: LlamaModel, config: ModelConfig, vocab_map: torch.Tensor 
     h = config.hidden_size
     head = target.lm_head.weight.detach().float()
     with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 2:
-                torch.nn.init.normal_(p, std=0.02)
-                if name.endswith(("o_proj.weight", "down_proj.weight")):
-                    p.mul_((2 * config.num_hidden_layers) ** -0.5)
+        init_small(model)
         model.fc.weight[:, h:] += torch.eye(h)
         model.embed_tokens.weight.copy_(target.embed_tokens.weight.float())
         model.norm.weight.copy_(target.norm.weight.float())

@@ -65,6 +65,17 @@ def draft_config(target: ModelConfig, layers: int, hidden: int, draft_vocab: int
         embedding_rank=embedding_rank if embedding_rank and embedding_rank < hidden else None)
 
 
+@torch.no_grad()
+def init_small(model: LlamaModel) -> None:
+    """Every matrix small and random (std 0.02); residual outputs (o_proj, down_proj) scaled by
+    1/sqrt(2 * layers) so a fresh stack starts near the identity."""
+    for name, p in model.named_parameters():
+        if p.dim() == 2:
+            torch.nn.init.normal_(p, std=0.02)
+            if name.endswith(("o_proj.weight", "down_proj.weight")):
+                p.mul_((2 * model.config.num_hidden_layers) ** -0.5)
+
+
 def init_student(target: LlamaModel, config: ModelConfig, vocab_map: torch.Tensor | None,
                  seed: int) -> LlamaModel:
     """Embeddings: the target's input embedding projected onto its top `hidden` singular directions
@@ -79,11 +90,7 @@ def init_student(target: LlamaModel, config: ModelConfig, vocab_map: torch.Tenso
     projected = u[:, :h] * s[:h]  # [vocab, hidden]: emb @ vh[:h].T
     out_rows = target.lm_head.weight.detach().float() @ vh[:h].T
     with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 2:
-                torch.nn.init.normal_(p, std=0.02)
-                if name.endswith(("o_proj.weight", "down_proj.weight")):
-                    p.mul_((2 * config.num_hidden_layers) ** -0.5)
+        init_small(model)
         rank = config.embedding_rank
         if rank:
             model.embed_tokens.weight.copy_(projected[:, :rank])
