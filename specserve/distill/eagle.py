@@ -62,6 +62,16 @@ def previous_features(features: torch.Tensor) -> torch.Tensor:
     return F.pad(features[:, :-1], (0, 0, 1, 0))
 
 
+def two_passes(model: LlamaModel, ids: torch.Tensor, prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draft step 1 from the given input features [B, T, H], then step 2 from step 1's own predictions
+    (attending to step 1's keys for earlier positions); returns both outputs [B, T, H]."""
+    kv: list = []
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=ids.device.type == "cpu"):
+        out1 = causal_forward(model, ids, prev, kv_out=kv)
+        out2 = causal_forward(model, ids, previous_features(out1), prefix=kv)
+    return out1, out2
+
+
 class EagleObjective:
     """Loss and held-out agreement of an EAGLE draft on cached target features."""
 
@@ -77,10 +87,7 @@ class EagleObjective:
         prev = prev + (torch.rand_like(prev) * 2 - 1) * self.noise * (prev != 0)
         with torch.no_grad():
             logp = F.log_softmax(f @ model.lm_head.weight.float().T, dim=-1)  # p over the kept tokens
-        kv: list = []
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=ids.device.type == "cpu"):
-            out1 = causal_forward(model, ids, prev, kv_out=kv)
-            out2 = causal_forward(model, ids, previous_features(out1), prefix=kv)
+        out1, out2 = two_passes(model, ids, prev)
         total, parts = 0.0, {}
         for name, out in (("1", out1), ("2", out2)):
             logq = F.log_softmax(model.lm_head(out).float(), dim=-1)
@@ -101,11 +108,7 @@ class EagleObjective:
             tok = shard["tokens"][start:start + 8].long()
             valid = tok >= 0
             f = shard["features"][start:start + 8].float()
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=tok.device.type == "cpu"):
-                kv: list = []
-                out1 = causal_forward(model, tok.clamp_min(0), previous_features(f), kv_out=kv)
-                out2 = causal_forward(model, tok.clamp_min(0), previous_features(out1), prefix=kv)
-            for i, out in enumerate((out1, out2)):
+            for i, out in enumerate(two_passes(model, tok.clamp_min(0), previous_features(f))):
                 pred = model.lm_head(out).argmax(-1)
                 if vocab_map is not None:
                     pred = vocab_map[pred]
