@@ -44,8 +44,7 @@ def causal_forward(model: LlamaModel, ids: torch.Tensor, features: torch.Tensor 
                                              attn_mask=mask, is_causal=mask is None, scale=layer.scale,
                                              enable_gqa=layer.num_heads != layer.num_kv_heads)
         x = x + layer.o_proj(att.transpose(1, 2).reshape(b, t, layer.q_size))
-        gate, up = layer.gate_up_proj(layer.post_attention_layernorm(x)).chunk(2, dim=-1)
-        x = x + layer.down_proj(F.silu(gate) * up)
+        x = x + layer.down_proj(layer.swiglu(layer.post_attention_layernorm(x)))
     return model.norm(x)
 
 

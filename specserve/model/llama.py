@@ -11,6 +11,7 @@ from torch import nn
 
 from specserve.model.attention import AttentionMetadata, paged_attention
 from specserve.model.config import ModelConfig
+from specserve.model.packed_linear import PackedGatedLinear, linear_add
 from specserve.model.rope import apply_rope, rope_table
 
 
@@ -21,10 +22,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in float32 as the reference does; bf16 variance loses too much precision.
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
+        # One fused op that normalises in float32 and rounds once to x's dtype, as the reference's
+        # x.float() * rsqrt(mean(x^2) + eps) then .to(dtype) does (bf16 variance loses too much precision).
+        return self.weight * F.rms_norm(x, self.weight.shape, eps=self.eps)
 
 
 class DecoderLayer(nn.Module):
@@ -53,9 +53,15 @@ class DecoderLayer(nn.Module):
         qk = apply_rope(qk.reshape(-1, self.num_heads + self.num_kv_heads, self.head_dim), cos, sin)
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        x = x + self.o_proj(paged_attention(q, k, v, kv[0], kv[1], meta, self.scale))
-        gate, up = self.gate_up_proj(self.post_attention_layernorm(x)).chunk(2, dim=-1)
-        return x + self.down_proj(F.silu(gate) * up)
+        x = linear_add(self.o_proj, paged_attention(q, k, v, kv[0], kv[1], meta, self.scale), x)
+        return linear_add(self.down_proj, self.swiglu(self.post_attention_layernorm(x)), x)
+
+    def swiglu(self, h: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up [T, intermediate]; packed for inference (ModelRunner), one fused call."""
+        if isinstance(self.gate_up_proj, PackedGatedLinear):
+            return self.gate_up_proj(h)
+        gate, up = self.gate_up_proj(h).chunk(2, dim=-1)
+        return F.silu(gate) * up
 
 
 class LlamaModel(nn.Module):
