@@ -45,6 +45,15 @@ def summarize(pairs: Sequence[dict[str, tuple[float, float]]]) -> dict[str, dict
     return {t: {"mape": sum(errors[t]) / len(errors[t]), "n": len(errors[t])} for t in TARGETS if errors[t]}
 
 
+def standard_error(runs: Sequence[BenchRun]) -> float | None:
+    """Mean over runs of the standard error of the run's measured mean E2E, in percent of it (within-run
+    spread / sqrt(requests)): how far a perfect model's prediction would miss from sampling noise alone
+    (a floor: drift of the machine between runs comes on top). None when no run reports its spread."""
+    errors = [r.e2e.std / math.sqrt(r.num_completed) / r.e2e.mean * 100.0
+              for r in runs if r.e2e.std is not None and r.num_completed > 1]
+    return sum(errors) / len(errors) if errors else None
+
+
 def holdout_groups(runs: Sequence[BenchRun], by: str) -> list[tuple[str, list[int]]]:
     """[(description, indices)] for `by` = "rate", "configuration" (a label: one (α, k)) or "k" (every
     label with that k, e.g. one k swept at two traffic mixes). Rates are grouped by rank within each
@@ -86,7 +95,8 @@ def cross_validate(runs: Sequence[BenchRun], by: str, fit: Callable[[list[BenchR
     for description, idx in holdout_groups(runs, by):
         held = set(idx)
         train = [r for i, r in enumerate(runs) if i not in held]
-        row: dict = {"held_out": description, "n": len(idx), "mape": {}}
+        row: dict = {"held_out": description, "n": len(idx), "mape": {},
+                     "e2e_se": standard_error([runs[i] for i in idx])}
         try:
             model = fit(train)
         except SpecServeError as e:
@@ -101,4 +111,4 @@ def cross_validate(runs: Sequence[BenchRun], by: str, fit: Callable[[list[BenchR
                            "configurations cannot identify the coefficients this one needs")
         all_pairs += pairs
         groups.append(row)
-    return {"by": by, "groups": groups, "overall": summarize(all_pairs)}
+    return {"by": by, "groups": groups, "overall": summarize(all_pairs), "e2e_se": standard_error(runs)}

@@ -15,18 +15,21 @@ RUN_SCHEMA = "specserve.bench.run/1"
 
 @dataclass(frozen=True, slots=True)
 class Stats:
-    """Summary of one latency metric over a run's requests (seconds); quantiles may be missing."""
+    """Summary of one latency metric over a run's requests (seconds); quantiles and std may be missing."""
 
     mean: float
     p95: float | None
     p99: float | None
+    std: float | None = None  # spread over the run's requests
 
     @classmethod
     def parse(cls, obj: object, where: str) -> "Stats":
         if not isinstance(obj, Mapping) or not _positive(obj.get("mean")):
             raise SpecServeError(f"{where}: needs an object with a positive 'mean'")
         q = {key: float(obj[key]) if _positive(obj.get(key)) else None for key in ("p95", "p99")}
-        return cls(float(obj["mean"]), q["p95"], q["p99"])
+        std = obj.get("std")
+        std = float(std) if std == 0 or _positive(std) else None
+        return cls(float(obj["mean"]), q["p95"], q["p99"], std)
 
     def quantile(self, name: str) -> float | None:
         return {"p95": self.p95, "p99": self.p99}[name]

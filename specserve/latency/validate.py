@@ -16,6 +16,8 @@ GOALS = {"rate": 5.0, "configuration": 8.0, "k": 8.0}
 TITLES = {"rate": "Held-out rates (leave one rate out)",
           "configuration": "Held-out configurations (leave one (alpha, k) out)",
           "k": "Held-out k (every configuration with that k left out)"}
+# The measurement's own noise beside the model's error: the held-out runs' standard error of mean E2E.
+SE_COLUMN = "E2E noise (SE)"
 COLUMNS = (("e2e", "E2E"), ("ttft", "TTFT"), ("tpot", "TPOT"), ("e2e_p95", "E2E p95"), ("e2e_p99", "E2E p99"))
 
 
@@ -38,11 +40,17 @@ def _cell(mape: dict, key: str) -> str:
     return "inf" if math.isinf(value) else f"{value:.2f}%"
 
 
+def _se_cell(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}%"
+
+
 def rows(result: dict) -> list[list[str]]:
     """Table rows: one per held-out group, then the overall row."""
-    out = [[g["held_out"], str(g["n"])] + [_cell(g["mape"], key) for key, _ in COLUMNS] for g in result["groups"]]
+    out = [[g["held_out"], str(g["n"])] + [_cell(g["mape"], key) for key, _ in COLUMNS] + [_se_cell(g.get("e2e_se"))]
+           for g in result["groups"]]
     n = sum(g["n"] for g in result["groups"])
-    out.append(["all held-out points", str(n)] + [_cell(result["overall"], key) for key, _ in COLUMNS])
+    out.append(["all held-out points", str(n)] + [_cell(result["overall"], key) for key, _ in COLUMNS]
+               + [_se_cell(result.get("e2e_se"))])
     return out
 
 
@@ -57,7 +65,7 @@ def goal_line(by: str, result: dict) -> str:
 def markdown(report: FitReport) -> str:
     """The tables as Markdown, for a README."""
     parts = []
-    header = ["held out", "runs"] + [name + " MAPE" for _, name in COLUMNS]
+    header = ["held out", "runs"] + [name + " MAPE" for _, name in COLUMNS] + [SE_COLUMN]
     for by, result in report.cross_validation.items():
         parts += [f"**{TITLES[by]}**", "", "| " + " | ".join(header) + " |",
                   "|" + "---|" * len(header)]
@@ -78,6 +86,7 @@ def render(report: FitReport, console=None) -> None:
         table.add_column("runs", justify="right")
         for _, name in COLUMNS:
             table.add_column(name + " MAPE", justify="right")
+        table.add_column(SE_COLUMN, justify="right")
         body = rows(result)
         for i, row in enumerate(body):
             table.add_row(*row, end_section=i == len(body) - 2)

@@ -6,7 +6,9 @@ import pytest
 
 from specserve.cli import main
 from specserve.latency import model_file
-from specserve.latency.validate import GOALS, markdown, render
+from specserve.latency.crossval import standard_error
+from specserve.latency.runs import load_runs
+from specserve.latency.validate import GOALS, SE_COLUMN, markdown, render
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +101,7 @@ def test_validate_tables(fitted, sweep_file, tmp_path, capsys):
     assert text.count("| rate #") == 8 and "| k6 (k=6) |" in text
     assert f"goal: mean E2E MAPE <= {GOALS['rate']:g}%: met" in text
     assert f"goal: mean E2E MAPE <= {GOALS['configuration']:g}%: met" in text
+    assert SE_COLUMN in text
     from rich.console import Console
 
     console = Console(record=True, width=140)
@@ -108,3 +111,11 @@ def test_validate_tables(fitted, sweep_file, tmp_path, capsys):
     md = tmp_path / "v.md"
     assert main(["latency", "validate", str(sweep_file), "--markdown", str(md)]) == 0
     assert md.read_text() == text
+
+
+def test_noise_column_is_each_run_means_standard_error(sweep_file):
+    runs = load_runs([sweep_file])
+    # The synthetic runs' E2E spread is 0.3 x their mean: each mean is known to 30 % / sqrt(requests).
+    expected = sum(30.0 / r.num_completed ** 0.5 for r in runs) / len(runs)
+    assert standard_error(runs) == pytest.approx(expected)
+    assert standard_error([]) is None
