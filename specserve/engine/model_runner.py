@@ -34,7 +34,7 @@ def available_memory_bytes(device: torch.device) -> int:
 class ModelRunner:
     def __init__(self, model: LlamaModel, num_blocks: int, block_size: int):
         self.model = model  # owned by the runner: its linear layers are packed for inference in place
-        pack_linears(model, gated=("gate_up_proj",))
+        pack_linears(model)
         self.config = model.config
         self.block_size = block_size
         weight = model.embed_tokens.weight

@@ -11,7 +11,6 @@ from torch import nn
 
 from specserve.model.attention import AttentionMetadata, paged_attention
 from specserve.model.config import ModelConfig
-from specserve.model.packed_linear import PackedGatedLinear, linear_add
 from specserve.model.rope import apply_rope, rope_table
 
 
@@ -53,13 +52,11 @@ class DecoderLayer(nn.Module):
         qk = apply_rope(qk.reshape(-1, self.num_heads + self.num_kv_heads, self.head_dim), cos, sin)
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        x = linear_add(self.o_proj, paged_attention(q, k, v, kv[0], kv[1], meta, self.scale), x)
-        return linear_add(self.down_proj, self.swiglu(self.post_attention_layernorm(x)), x)
+        x = x + self.o_proj(paged_attention(q, k, v, kv[0], kv[1], meta, self.scale))
+        return x + self.down_proj(self.swiglu(self.post_attention_layernorm(x)))
 
     def swiglu(self, h: torch.Tensor) -> torch.Tensor:
-        """silu(gate) * up [T, intermediate]; packed for inference (ModelRunner), one fused call."""
-        if isinstance(self.gate_up_proj, PackedGatedLinear):
-            return self.gate_up_proj(h)
+        """silu(gate) * up [T, intermediate] from the fused [gate; up] projection."""
         gate, up = self.gate_up_proj(h).chunk(2, dim=-1)
         return F.silu(gate) * up
 

@@ -5,11 +5,6 @@ call. Packing it once at load time (the same op torch.compile's CPU backend uses
 weights) removes that per-call work; in `bench/engine_throughput.py` it took specserve from 171.9 to
 233.3 output tok/s (README). bf16 outputs are bit-identical to `F.linear`'s; float32 outputs differ
 in accumulation order only (tests/model/test_packed_linear.py).
-
-The packed GEMM can also finish with an elementwise epilogue, which saves a pass over its output and
-an operator call per use: `linear_add` (the residual add after o_proj and down_proj) and
-`PackedGatedLinear` (SwiGLU's silu(gate) * up, from the fused [gate; up] weight packed as two halves).
-Results differ from the unfused ops only by bf16 rounding (one rounding instead of two).
 """
 from __future__ import annotations
 
@@ -37,37 +32,9 @@ class PackedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
-    def add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """residual + self(x), the add done in the GEMM's epilogue. residual: [rows, out_features]."""
-        return torch.ops.mkldnn._linear_pointwise.binary(x, residual, self.packed, self.bias, "add")
 
-
-class PackedGatedLinear(nn.Module):
-    """A SwiGLU input projection: an nn.Linear whose weight is [gate; up] (2 * I rows), packed as two
-    halves so that forward(x) = silu(x @ gate.T) * (x @ up.T) [rows, I] comes out of two GEMMs'
-    epilogues (no [rows, 2 * I] intermediate, no separate silu and mul)."""
-
-    def __init__(self, linear: nn.Linear):
-        super().__init__()
-        if linear.bias is not None or linear.out_features % 2:
-            raise ValueError("a gated projection has an even number of rows and no bias")
-        gate, up = linear.weight.detach().chunk(2, dim=0)
-        self.gate = torch.ops.mkldnn._reorder_linear_weight(gate.contiguous(), 1)
-        self.up = torch.ops.mkldnn._reorder_linear_weight(up.contiguous(), 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate = torch.ops.mkldnn._linear_pointwise(x, self.gate, None, "swish", [], "")  # swish = silu
-        return torch.ops.mkldnn._linear_pointwise.binary(x, gate, self.up, None, "mul")
-
-
-def linear_add(linear: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-    """residual + linear(x): fused into the GEMM when the weight is packed."""
-    return linear.add(x, residual) if isinstance(linear, PackedLinear) else residual + linear(x)
-
-
-def pack_linears(model: nn.Module, gated: tuple[str, ...] = ()) -> int:
-    """Replace every nn.Linear of `model` (in place) by a PackedLinear where oneDNN supports it; those
-    named in `gated` ([gate; up] weights) by a PackedGatedLinear, whose output is silu(gate) * up.
+def pack_linears(model: nn.Module) -> int:
+    """Replace every nn.Linear of `model` (in place) by a PackedLinear where oneDNN supports it.
     Returns how many were replaced; 0 on other devices, dtypes or builds (plain F.linear stays)."""
     targets = [(parent, name, child) for parent in model.modules()
                for name, child in parent.named_children() if isinstance(child, nn.Linear)]
@@ -76,7 +43,7 @@ def pack_linears(model: nn.Module, gated: tuple[str, ...] = ()) -> int:
         if not can_pack(linear.weight):
             continue
         try:
-            packed = PackedGatedLinear(linear) if name in gated else PackedLinear(linear)
+            packed = PackedLinear(linear)
         except RuntimeError:  # oneDNN lacks a kernel for this dtype on this CPU: keep F.linear
             continue
         setattr(parent, name, packed)
