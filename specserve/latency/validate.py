@@ -33,24 +33,23 @@ def validate_files(paths: Sequence[str | Path], options: FitOptions | None = Non
     return fit_runs(runs, options, [str(p) for p in paths], unusable)
 
 
-def _cell(mape: dict, key: str) -> str:
-    value = mape.get(key, {}).get("mape")
+def _percent(value: float | None) -> str:
     if value is None:
         return "-"
     return "inf" if math.isinf(value) else f"{value:.2f}%"
 
 
-def _se_cell(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}%"
+def _cell(mape: dict, key: str) -> str:
+    return _percent(mape.get(key, {}).get("mape"))
 
 
 def rows(result: dict) -> list[list[str]]:
     """Table rows: one per held-out group, then the overall row."""
-    out = [[g["held_out"], str(g["n"])] + [_cell(g["mape"], key) for key, _ in COLUMNS] + [_se_cell(g.get("e2e_se"))]
+    out = [[g["held_out"], str(g["n"])] + [_cell(g["mape"], key) for key, _ in COLUMNS] + [_percent(g.get("e2e_se"))]
            for g in result["groups"]]
     n = sum(g["n"] for g in result["groups"])
     out.append(["all held-out points", str(n)] + [_cell(result["overall"], key) for key, _ in COLUMNS]
-               + [_se_cell(result.get("e2e_se"))])
+               + [_percent(result.get("e2e_se"))])
     return out
 
 
