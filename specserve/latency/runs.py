@@ -28,7 +28,7 @@ class Stats:
             raise SpecServeError(f"{where}: needs an object with a positive 'mean'")
         q = {key: float(obj[key]) if _positive(obj.get(key)) else None for key in ("p95", "p99")}
         std = obj.get("std")
-        std = float(std) if std == 0 or _positive(std) else None
+        std = float(std) if _positive(std) or (std == 0 and not isinstance(std, bool)) else None
         return cls(float(obj["mean"]), q["p95"], q["p99"], std)
 
     def quantile(self, name: str) -> float | None:
