@@ -7,7 +7,8 @@ run to one results file, and prints `specserve latency validate` tables (fit on 
 k, predict the held-out ones; MAPE of mean E2E, TTFT, TPOT and E2E p95/p99).
 
 Workloads: `fixed` (256-token prompts, 128-token outputs) and `azure` (the Azure conversation trace's
-lengths, replayed with its clock scaled to each rate, prompts clipped to --max-model-len).
+lengths, prompts clipped to --max-model-len; its lengths only: arrivals are the same Gamma process as
+`fixed`'s, see below).
 
 Each run must reach a steady state before it is measured: on a 2-core CPU a 128-token request takes
 10-15 s end to end, so the in-flight count ramps up for that long after the run starts, and a run
@@ -48,7 +49,7 @@ def main() -> None:
     p.add_argument("--requests-per-run", type=int, default=200)
     p.add_argument("--duration", type=float, default=90.0, help="wall seconds of arrivals per run")
     p.add_argument("--burstiness", type=float, default=0.25,
-                   help="coefficient of variation of inter-arrival gaps (1 = Poisson); fixed workload only")
+                   help="coefficient of variation of inter-arrival gaps (1 = Poisson)")
     p.add_argument("--discard-first", type=float, default=25.0,
                    help="seconds of each run sent but not measured (ramp-up to the steady state)")
     # One torch thread: the server's HTTP event loop and the load generator need the other core. With
@@ -74,13 +75,13 @@ def main() -> None:
     config_file.write_text(json.dumps(configs, indent=2))
     for workload in args.workloads.split(","):
         results = out / f"{workload}.jsonl"
-        lengths = (["--input-len", "256", "--output-len", "128", "--burstiness", str(args.burstiness)]
-                   if workload == "fixed"
-                   else ["--trace", "azure-conv", "--scale-trace", "--max-model-len", str(args.max_model_len)])
+        lengths = (["--input-len", "256", "--output-len", "128"] if workload == "fixed"
+                   else ["--trace", "azure-conv", "--max-model-len", str(args.max_model_len)])
         specserve("bench", "sweep", "--configs", str(config_file), "--fractions", args.fractions,
                   "--per-config-saturation", "--max-requests", str(args.requests_per_run),
                   "--duration", str(args.duration),
-                  "--discard-first", str(args.discard_first), "--tokenizer", tokenizer, "--no-progress",
+                  "--discard-first", str(args.discard_first), "--burstiness", str(args.burstiness),
+                  "--tokenizer", tokenizer, "--no-progress",
                   "--results", str(results), "--log-dir", str(out / "server_logs"), *lengths)
         table = out / f"{workload}_validation.md"
         specserve("latency", "validate", str(results), "--markdown", str(table))
