@@ -4,7 +4,8 @@ from __future__ import annotations
 import argparse
 
 
-def add_engine_args(p: argparse.ArgumentParser) -> None:
+def add_engine_args(p: argparse.ArgumentParser, max_num_batched_tokens: int) -> None:
+    """`max_num_batched_tokens`: the per-step token budget's default for this command (server or offline)."""
     g = p.add_argument_group("engine")
     g.add_argument("--model", default="smollm2-135m", help="HF directory, .gguf file or alias (default: smollm2-135m)")
     g.add_argument("--speculative-config", default=None,
@@ -13,7 +14,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
     g.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     g.add_argument("--max-num-seqs", type=int, default=64)
-    g.add_argument("--max-num-batched-tokens", type=int, default=512)
+    g.add_argument("--max-num-batched-tokens", type=int, default=max_num_batched_tokens,
+                   help=f"per-step token budget; prefills are chunked to fit (default {max_num_batched_tokens})")
     g.add_argument("--max-model-len", type=int, default=None)
     g.add_argument("--block-size", type=int, default=16)
     g.add_argument("--kv-cache-memory", type=float, default=1.0, help="GiB (>= 1) or fraction of free memory (< 1)")

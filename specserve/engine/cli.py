@@ -4,13 +4,14 @@ from __future__ import annotations
 import argparse
 
 from specserve.engine.args import add_engine_args
+from specserve.engine.config import OFFLINE_MAX_NUM_BATCHED_TOKENS
 
 SAMPLE_PROMPT = "Write a Python function that checks whether a number is prime."
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("generate", help="generate text offline (batched, optionally speculative)")
-    add_engine_args(p)
+    add_engine_args(p, OFFLINE_MAX_NUM_BATCHED_TOKENS)
     p.add_argument("--prompt", action="append", help="a prompt (repeatable); default: a sample prompt")
     p.add_argument("--prompts-file", help="a text file with one prompt per line")
     p.add_argument("--chat", action="store_true", help="wrap each prompt in the model's chat template")

@@ -7,13 +7,21 @@ from specserve.errors import SpecServeError
 from specserve.spec.config import SpeculativeConfig
 
 
+# Per-step token budget (max_num_batched_tokens) by use, as vLLM picks it: a server keeps steps short,
+# because a prefill chunk delays every running request's next token by its own cost (~1 ms per prompt
+# token on a 2-core CPU); offline generation wants throughput, and larger steps prefill faster per token
+# (fewer, larger GEMMs and attention calls).
+SERVER_MAX_NUM_BATCHED_TOKENS = 512
+OFFLINE_MAX_NUM_BATCHED_TOKENS = 2048
+
+
 @dataclass(slots=True)
 class EngineConfig:
     model: str = "smollm2-135m"
     dtype: str = "bfloat16"
     device: str = "cpu"
     max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512
+    max_num_batched_tokens: int = SERVER_MAX_NUM_BATCHED_TOKENS
     max_model_len: int | None = None  # default: the model's context, capped at 4096
     block_size: int = 16
     kv_cache_memory: float = 1.0  # GiB when >= 1, else a fraction of free memory

@@ -1,7 +1,7 @@
 """Offline batch generation in vLLM's style: `LLM(model=...).generate(prompts, SamplingParams(...))`."""
 from __future__ import annotations
 
-from specserve.engine.config import EngineConfig
+from specserve.engine.config import OFFLINE_MAX_NUM_BATCHED_TOKENS, EngineConfig
 from specserve.engine.llm_engine import LLMEngine
 from specserve.engine.outputs import RequestOutput
 from specserve.engine.sampling_params import SamplingParams
@@ -9,7 +9,9 @@ from specserve.engine.sampling_params import SamplingParams
 
 class LLM:
     def __init__(self, model: str = "smollm2-135m", config: EngineConfig | None = None, **engine_args):
-        """Engine flags as keyword arguments (vLLM's style), or a ready EngineConfig."""
+        """Engine flags as keyword arguments (vLLM's style), or a ready EngineConfig. Offline use gets the
+        throughput-oriented step budget unless one is given."""
+        engine_args.setdefault("max_num_batched_tokens", OFFLINE_MAX_NUM_BATCHED_TOKENS)
         self.engine = LLMEngine(config or EngineConfig(model=model, **engine_args))
         self.tokenizer = self.engine.tokenizer
 

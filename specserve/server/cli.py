@@ -5,6 +5,7 @@ import argparse
 import os
 
 from specserve.engine.args import add_engine_args
+from specserve.engine.config import SERVER_MAX_NUM_BATCHED_TOKENS
 
 # Prompt lookup where it finds a match, the shipped EAGLE draft elsewhere, k = 3: within 0.03x of the best
 # batch-1 setting on both workloads of bench/spec_decode.py (1.69x on code with the code draft, 1.34x on
@@ -16,7 +17,7 @@ API_KEY_ENV = "SPECSERVE_API_KEY"
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server (SSE streaming, /metrics)")
-    add_engine_args(p)
+    add_engine_args(p, SERVER_MAX_NUM_BATCHED_TOKENS)
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1")
     g.add_argument("--port", type=int, default=8000, help="0 picks a free port (the startup line names it)")

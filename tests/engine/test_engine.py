@@ -114,3 +114,16 @@ def test_bad_sampling_params_are_clear_errors():
                         ({"top_p": 0}, "top_p"), ({"top_k": -3}, "top_k")]:
         with pytest.raises(InvalidRequestError, match=msg):
             SamplingParams(**kwargs)
+
+
+def test_step_budget_default_depends_on_use(llm):
+    """Offline generation (LLM, `specserve generate`) gets the throughput budget, `serve` the short-step one;
+    an explicit value wins everywhere."""
+    from specserve.cli import build_parser
+    from specserve.engine.config import OFFLINE_MAX_NUM_BATCHED_TOKENS, SERVER_MAX_NUM_BATCHED_TOKENS
+    assert OFFLINE_MAX_NUM_BATCHED_TOKENS > SERVER_MAX_NUM_BATCHED_TOKENS
+    assert llm.engine.config.max_num_batched_tokens == OFFLINE_MAX_NUM_BATCHED_TOKENS
+    parser = build_parser()
+    assert parser.parse_args(["generate"]).max_num_batched_tokens == OFFLINE_MAX_NUM_BATCHED_TOKENS
+    assert parser.parse_args(["serve"]).max_num_batched_tokens == SERVER_MAX_NUM_BATCHED_TOKENS
+    assert parser.parse_args(["serve", "--max-num-batched-tokens", "64"]).max_num_batched_tokens == 64
