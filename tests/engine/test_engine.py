@@ -118,7 +118,7 @@ def test_bad_sampling_params_are_clear_errors():
 
 def test_step_budget_default_depends_on_use(llm):
     """Offline generation (LLM, `specserve generate`) gets the throughput budget, `serve` the short-step one;
-    an explicit value wins everywhere."""
+    a flag overrides it."""
     from specserve.cli import build_parser
     from specserve.engine.config import OFFLINE_MAX_NUM_BATCHED_TOKENS, SERVER_MAX_NUM_BATCHED_TOKENS
     assert OFFLINE_MAX_NUM_BATCHED_TOKENS > SERVER_MAX_NUM_BATCHED_TOKENS
