@@ -4,8 +4,9 @@ Systems (each run in its own subprocess, so peak RSS is its own; runs interleave
   specserve       continuous batching, paged KV cache (max_num_seqs = --batch-size)
   hf-static       transformers generate() on static left-padded batches of --batch-size
   hf-sequential   transformers generate() one prompt at a time (on --sequential-prompts of them)
-Also: the share of engine step time spent outside the model forward while 32 requests decode, with the
-top cProfile entries outside the forward.
+Each system's time is also split into prefill (steps that carry prompt tokens; for transformers, prompt to
+first token) and the mean decode step. Also: the share of engine step time spent outside the model forward
+while 32 requests decode, with the top cProfile entries outside the forward.
 
     python bench/engine_throughput.py [--repeats 3] [--threads 2] [--profile-only]
 """
@@ -36,10 +37,20 @@ def run_specserve(args) -> dict:
               num_threads=args.threads)
     prompts = load_prompts(llm.tokenizer, args.prompts, args.max_prompt_tokens)
     params = SamplingParams(max_tokens=args.output_tokens, temperature=0, ignore_eos=True)
+    engine, tokens = llm.engine, 0
+    prefill_s, decode_s, decode_steps = 0.0, 0.0, 0
     t0 = time.perf_counter()
-    outs = llm.generate(prompts, params)
-    elapsed = time.perf_counter() - t0
-    return {"tokens": sum(len(o.token_ids) for o in outs), "seconds": elapsed}
+    for p in prompts:  # LLM.generate's loop, with each step's time booked to prefill or decode
+        engine.add_request(p, params)
+    while engine.has_unfinished():
+        tokens += sum(len(o.token_ids) for o in engine.step() if o.finished)
+        s = engine.last_stats
+        if s.num_prefill_tokens:
+            prefill_s += s.t_total
+        else:
+            decode_s, decode_steps = decode_s + s.t_total, decode_steps + 1
+    return {"tokens": tokens, "seconds": time.perf_counter() - t0, "prefill_s": prefill_s,
+            "decode_step_ms": decode_s / decode_steps * 1000}
 
 
 def run_hf(args, sequential: bool) -> dict:
@@ -53,17 +64,35 @@ def run_hf(args, sequential: bool) -> dict:
     model = LlamaForCausalLM.from_pretrained(str(fetch(MODEL)), dtype=getattr(torch, args.dtype)).eval()
     prompts = load_prompts(tok, args.sequential_prompts if sequential else args.prompts, args.max_prompt_tokens)
     size = 1 if sequential else args.batch_size
-    tokens, t0 = 0, time.perf_counter()
+    tokens, prefill_s, decode_s, decode_steps = 0, 0.0, 0.0, 0
+    t0 = time.perf_counter()
     for i in range(0, len(prompts), size):
         batch = prompts[i:i + size]
         width = max(map(len, batch))
         ids = torch.tensor([[0] * (width - len(p)) + p for p in batch])  # left padding
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
+        clock = StepClock()
         with torch.no_grad():
-            out = model.generate(ids, attention_mask=mask, max_new_tokens=args.output_tokens,
+            out = model.generate(ids, attention_mask=mask, max_new_tokens=args.output_tokens, streamer=clock,
                                  min_new_tokens=args.output_tokens, do_sample=False, pad_token_id=0)
         tokens += (out.shape[1] - width) * len(batch)
-    return {"tokens": tokens, "seconds": time.perf_counter() - t0}
+        prefill_s += clock.times[1] - clock.times[0]  # the prompt's put, then the first new token's
+        decode_s, decode_steps = decode_s + clock.times[-1] - clock.times[1], decode_steps + len(clock.times) - 2
+    return {"tokens": tokens, "seconds": time.perf_counter() - t0, "prefill_s": prefill_s,
+            "decode_step_ms": decode_s / decode_steps * 1000}
+
+
+class StepClock:
+    """A transformers streamer that only notes when generate() hands it the prompt and each new token."""
+
+    def __init__(self):
+        self.times: list[float] = []
+
+    def put(self, value) -> None:
+        self.times.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
 
 
 def run_overhead(args) -> dict:
@@ -175,10 +204,14 @@ def throughput_table(args, systems: list[str], runs: dict) -> None:
     tps = {s: statistics.median(r["tokens"] / r["seconds"] for r in runs[s]) for s in systems}
     print(f"\n{args.prompts} ShareGPT prompts (<= {args.max_prompt_tokens} tokens) x {args.output_tokens} output tokens, "
           f"{MODEL} {args.dtype}, batch {args.batch_size}, {args.threads} threads, median of {args.repeats}")
-    print("| system | output tok/s | vs hf-static | peak RSS (GiB) |\n|---|---|---|---|")
+    print("| system | output tok/s | vs hf-static | peak RSS (GiB) | prefill (s) | decode step (ms) |\n"
+          "|---|---|---|---|---|---|")
     for s in systems:
         rss = max(r["peak_rss_gib"] for r in runs[s])
-        print(f"| {s} | {tps[s]:.1f} | {tps[s] / tps['hf-static']:.2f}x | {rss:.2f} |")
+        prefill, step = (statistics.median(r[k] for r in runs[s]) for k in ("prefill_s", "decode_step_ms"))
+        print(f"| {s} | {tps[s]:.1f} | {tps[s] / tps['hf-static']:.2f}x | {rss:.2f} | {prefill:.1f} | {step:.1f} |")
+    print("prefill: time in steps that carry prompt tokens (transformers: prompt to first token, padded batches); "
+          "decode step: mean of the other steps")
     print(f"\nRSS goal for specserve: weights {weights_gib:.2f} + KV {args.kv_gib:.2f} + 1 GiB = "
           f"{weights_gib + args.kv_gib + 1:.2f} GiB")
 
