@@ -4,7 +4,10 @@ Arrival process, in order of precedence: `request_rate` gives Poisson/Gamma arri
 `max_concurrency` without a trace gives a closed loop (everything queued at 0, N at a time); else the
 trace's own timestamps are replayed (the shipped Azure conversation trace by default).
 Lengths: explicit `input_len`/`output_len` win; else a trace's lengths when a trace is in use; else the
-data set's prompts as they are, with `DEFAULT_OUTPUT_LEN` tokens out.
+data set's prompts as they are, with `DEFAULT_OUTPUT_LEN` tokens out. A trace replayed on its own clock
+keeps each row's lengths; synthetic arrivals (a rate) draw rows at random from the whole trace, so that a
+run's length mix is the trace's at every rate (taking rows in order would give a short run only the
+trace's first rows, whose lengths differ from the rest).
 """
 from __future__ import annotations
 
@@ -60,14 +63,18 @@ def _process(spec: WorkloadSpec) -> str:
     return "trace"
 
 
-def _cyclic(a: np.ndarray | None, n: int) -> np.ndarray | None:
-    return None if a is None else np.resize(a, n)
+def _trace_rows(trace: arr.Trace, n: int, process: str, rng: np.random.Generator) -> np.ndarray:
+    """Which trace row each of the n requests takes its lengths from."""
+    if process == "trace":
+        return np.arange(n) % len(trace)
+    return rng.integers(0, len(trace), size=n)
 
 
 def make_workload(spec: WorkloadSpec, *, tokenizer=None, chars_per_token: float | None = None,
                   max_model_len: int | None = None, counting: str | None = None) -> Workload:
     rng_arrivals = np.random.default_rng([spec.seed, 1])   # separate streams: changing the rate
     rng_prompts = np.random.default_rng([spec.seed, 2])    # must not change which prompts are sent
+    rng_rows = np.random.default_rng([spec.seed, 3])       # nor which trace rows give the lengths
     process = _process(spec)
     trace = None
     trace_name = spec.trace or (DEFAULT_TRACE if process == "trace" else None)
@@ -97,15 +104,16 @@ def make_workload(spec: WorkloadSpec, *, tokenizer=None, chars_per_token: float 
     if n == 0:
         raise SpecServeError("the workload has no requests (raise --duration or --max-requests)")
 
-    in_lens = _cyclic(trace.input_tokens, n) if trace is not None else None
-    out_lens = _cyclic(trace.output_tokens, n) if trace is not None else None
+    rows = _trace_rows(trace, n, process, rng_rows) if trace is not None else None
+    in_lens = trace.input_tokens[rows] if trace is not None and trace.input_tokens is not None else None
+    out_lens = trace.output_tokens[rows] if trace is not None and trace.output_tokens is not None else None
     if spec.input_len is not None:
         in_lens = np.full(n, spec.input_len)
     if spec.output_len is not None or out_lens is None:
         out_lens = np.full(n, spec.output_len or DEFAULT_OUTPUT_LEN)
     hash_ids = None
     if trace is not None and trace.hash_ids is not None and spec.input_len is None:
-        hash_ids = [trace.hash_ids[i % len(trace.hash_ids)] for i in range(n)]
+        hash_ids = [trace.hash_ids[i] for i in rows]
 
     cpt = chars_per_token or DEFAULT_CHARS_PER_TOKEN
     texts = load_dataset(spec.dataset if spec.dataset != RANDOM else "spec-bench")
@@ -120,7 +128,7 @@ def make_workload(spec: WorkloadSpec, *, tokenizer=None, chars_per_token: float 
                "trace": None if trace is None else {
                    "source": trace_name, "format": trace.format, "start_s": spec.start_s,
                    "duration_s": trace.meta.get("duration_s"), "lengths_used": in_lens is not None
-                   and spec.input_len is None}}
+                   and spec.input_len is None, "rows": "in order" if process == "trace" else "random"}}
     targets = [p.target_tokens for p in prompts if p.target_tokens is not None]
     prompt_info = {
         "dataset": spec.dataset,

@@ -3,6 +3,7 @@ import pytest
 
 from specserve.benchmark.prompts import (DATASETS, PromptBuilder, build_prompts, load_dataset,
                                          load_tokenizer)
+from specserve.benchmark.arrivals import load_trace
 from specserve.benchmark.workload import WorkloadSpec, make_workload
 from specserve.errors import SpecServeError
 
@@ -112,6 +113,19 @@ def test_workload_poisson_and_closed():
     assert g.arrival["process"] == "gamma" and g.arrival_s.max() < 10.0
     c = make_workload(WorkloadSpec(max_concurrency=4, max_requests=9))
     assert c.arrival["process"] == "closed" and np.all(c.arrival_s == 0) and c.offered_rate is None
-    # Poisson arrivals with lengths from an explicitly named trace, in trace order.
-    t = make_workload(WorkloadSpec(request_rate=2.0, max_requests=3, trace="azure-conv"))
-    assert [p.max_tokens for p in t.prompts] == [44, 109, 55]
+
+
+def test_synthetic_arrivals_draw_trace_lengths_from_the_whole_trace():
+    """With a rate, request i must not take trace row i: a short run would see only the trace's first
+    rows (their outputs average far below the trace's). Rows are drawn at random, seeded, and a run at
+    another rate draws the same rows in the same order."""
+    trace = load_trace("azure-conv")
+    t = make_workload(WorkloadSpec(request_rate=2.0, max_requests=2000, trace="azure-conv"))
+    assert t.arrival["trace"]["rows"] == "random"
+    out = np.array([p.max_tokens for p in t.prompts])
+    assert [p.max_tokens for p in t.prompts[:3]] != [44, 109, 55]   # the trace's first three rows
+    whole, first = trace.output_tokens.mean(), trace.output_tokens[:2000].mean()
+    assert abs(out.mean() - whole) < abs(first - whole) / 3
+    assert set(out) <= set(trace.output_tokens.tolist())
+    again = make_workload(WorkloadSpec(request_rate=9.0, max_requests=50, trace="azure-conv"))
+    assert [p.max_tokens for p in again.prompts] == out[:50].tolist()
