@@ -7,8 +7,8 @@ run to one results file, and prints `specserve latency validate` tables (fit on 
 k, predict the held-out ones; MAPE of mean E2E, TTFT, TPOT and E2E p95/p99).
 
 Workloads: `fixed` (256-token prompts, 128-token outputs) and `azure` (the Azure conversation trace's
-lengths, prompts clipped to --max-model-len; its lengths only: arrivals are the same Gamma process as
-`fixed`'s, see below).
+lengths, each request's from a random row of the whole trace, prompts clipped to --max-model-len; its
+lengths only: arrivals are the same Gamma process as `fixed`'s, see below).
 
 Each run must reach a steady state before it is measured: on a 2-core CPU a 128-token request takes
 10-15 s end to end, so the in-flight count ramps up for that long after the run starts, and a run
