@@ -19,6 +19,7 @@ from specserve.latency.regression import (FittedCoefficients, RowSpace, confiden
 from specserve.latency.runs import BenchRun
 
 SIX = ("c1p", "c1v", "c1d", "c2p", "c2v", "c2d")
+_MAX_START_LOAD = 0.95  # the nonlinear fit starts with every run's λ·C2 at most this
 
 
 def demand_features(k: int, expected: float, output_tokens: float) -> np.ndarray:
@@ -46,13 +47,20 @@ def fit_demands(rate: np.ndarray, latency: np.ndarray, X: np.ndarray):
     if not keep:
         raise SpecServeError("latency data carry no information to fit (all features are zero)")
     free = np.array(keep)
+    # The linear guess can put the busiest runs past saturation (λ·C2 ≥ 1), where C1/(1 − λ·C2) means
+    # nothing: start from C2 scaled back until every run is below it.
+    busiest = float(np.max(rate * (X @ theta[q:])))
+    if busiest >= _MAX_START_LOAD:
+        theta[q:] *= _MAX_START_LOAD / busiest
 
     def predict(theta_free: np.ndarray) -> np.ndarray:
         full = np.zeros(2 * q)
         full[free] = theta_free
         room = 1.0 - rate * (X @ full[q:])
-        # Past saturation the model has no finite latency; a steep wall keeps the search out of it.
-        return (X @ full[:q]) / np.where(room > 1e-6, room, 1e-6)
+        # Past saturation the model has no finite latency. The penalty grows with the overshoot and does
+        # not scale with C1: a clamped C1/ε let C1 -> 0 'fit' a saturated point (and ruin every other).
+        return np.where(room > 1e-6, (X @ full[:q]) / np.maximum(room, 1e-6),
+                        latency * 1e3 * (1.0 + 1e3 * (1e-6 - room)))
 
     res = least_squares(lambda tf: (predict(tf) - latency) / latency, np.maximum(theta[free], 1e-12),
                         bounds=(0.0, np.inf), method="trf", x_scale="jac")

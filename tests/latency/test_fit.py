@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from specserve.latency.acceptance import expected_tokens
+from specserve.latency.e2e import fit_demands
 from specserve.latency.fit import FitOptions, fit_model, fit_runs
 from specserve.latency.moe import MoeExperts
 from specserve.latency.planning import break_even_for
@@ -79,6 +80,19 @@ def test_per_configuration_fits_match_true_demands(fitted):
             assert conf.alpha == pytest.approx(dict((lab, a) for lab, _, a in CONFIGS)[conf.label], abs=1e-6)
             assert len(conf.alphas_by_position) == conf.k
             assert all(abs(a - conf.alpha) < 0.1 for a in conf.alphas_by_position)
+
+
+def test_fit_starts_below_saturation_when_the_linear_guess_does_not():
+    """One configuration's runs from a real azure sweep (runs/latency5, k = 1): the linear guess
+    (C1 1.92 s, C2 2.41 s) puts the busiest run past saturation (0.423 * 2.41 > 1). The fit used to
+    drift to C1 ~ 0, C2 3.14 s, 'fitting' that run through the saturation wall and none of the others."""
+    rate = np.array([0.059, 0.107, 0.138, 0.229, 0.271, 0.293, 0.319, 0.423])
+    latency = np.array([1.81, 3.29, 4.95, 5.17, 5.97, 6.22, 8.83, 12.98])
+    theta, keep, _ = fit_demands(rate, latency, np.ones((8, 1)))
+    c1, c2 = theta
+    assert keep == [0, 1] and np.all(rate * c2 < 1)
+    assert 1.0 < c1 < 4.0
+    assert np.mean(np.abs(c1 / (1 - rate * c2) - latency) / latency) < 0.3
 
 
 def test_cross_validation_errors_are_small_on_model_data(fitted):
