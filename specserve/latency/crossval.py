@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from specserve.errors import SpecServeError
 from specserve.latency.model import LatencyModel
@@ -45,11 +45,14 @@ def summarize(pairs: Sequence[dict[str, tuple[float, float]]]) -> dict[str, dict
     return {t: {"mape": sum(errors[t]) / len(errors[t]), "n": len(errors[t])} for t in TARGETS if errors[t]}
 
 
-def standard_error(runs: Sequence[BenchRun]) -> float | None:
+def standard_error(runs: Sequence[BenchRun], noise_std: Mapping[str, float] | None = None) -> float | None:
     """Mean over runs of the standard error of the run's measured mean E2E, in percent of it (within-run
     spread / sqrt(requests)): how far a perfect model's prediction would miss from sampling noise alone
-    (a floor: drift of the machine between runs comes on top). None when no run reports its spread."""
-    errors = [r.e2e.std / math.sqrt(r.num_completed) / r.e2e.mean * 100.0
+    (a floor: drift of the machine between runs comes on top). The spread is `noise_std[run.source]`
+    where given (the part the requests' own lengths do not explain: RequestSample.e2e_noise_std), else
+    the run's E2E std. None when no run reports its spread."""
+    noise_std = noise_std or {}
+    errors = [noise_std.get(r.source, r.e2e.std) / math.sqrt(r.num_completed) / r.e2e.mean * 100.0
               for r in runs if r.e2e.std is not None and r.num_completed > 1]
     return sum(errors) / len(errors) if errors else None
 
@@ -89,14 +92,15 @@ def groupings(runs: Sequence[BenchRun]) -> list[str]:
 
 
 def cross_validate(runs: Sequence[BenchRun], by: str, fit: Callable[[list[BenchRun]], LatencyModel],
-                   ) -> dict:
-    """Refit without each group, predict the group. Returns per-group and overall MAPE by target."""
+                   noise_std: Mapping[str, float] | None = None) -> dict:
+    """Refit without each group, predict the group. Returns per-group and overall MAPE by target, and the
+    groups' measurement noise (`standard_error` with `noise_std`)."""
     groups, all_pairs = [], []
     for description, idx in holdout_groups(runs, by):
         held = set(idx)
         train = [r for i, r in enumerate(runs) if i not in held]
         row: dict = {"held_out": description, "n": len(idx), "mape": {},
-                     "e2e_se": standard_error([runs[i] for i in idx])}
+                     "e2e_se": standard_error([runs[i] for i in idx], noise_std)}
         try:
             model = fit(train)
         except SpecServeError as e:
@@ -111,4 +115,4 @@ def cross_validate(runs: Sequence[BenchRun], by: str, fit: Callable[[list[BenchR
                            "configurations cannot identify the coefficients this one needs")
         all_pairs += pairs
         groups.append(row)
-    return {"by": by, "groups": groups, "overall": summarize(all_pairs), "e2e_se": standard_error(runs)}
+    return {"by": by, "groups": groups, "overall": summarize(all_pairs), "e2e_se": standard_error(runs, noise_std)}

@@ -120,6 +120,7 @@ def fit_runs(runs: Sequence[BenchRun], options: FitOptions | None = None,
     if options.cross_validate:
         def refit(train: list[BenchRun]) -> LatencyModel:
             return fit_model(train, options.moe, samples, options.n_length_classes, [], per_configuration=False)
+        noise = {source: std for source, s in samples.items() if (std := s.e2e_noise_std()) is not None}
         for by in groupings(kept):
-            crossval[by] = cross_validate(kept, by, refit)
+            crossval[by] = cross_validate(kept, by, refit, noise)
     return FitReport(model, excluded, notes, summarize(pairs), crossval, list(sources))

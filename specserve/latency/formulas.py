@@ -131,10 +131,6 @@ class BreakEven:
     dense_load: float | None  # r* = (C1R − 1)/(C1R − C2R), when a crossing exists
     rate: float | None  # λ* = r*/C2_dense
 
-    @property
-    def sd_wins_at_low_load(self) -> bool:
-        return self.regime in ("sd-wins-below", "sd-always-wins")
-
 
 def break_even(dense: Demands, sd: Demands) -> BreakEven:
     """Crossing of L_SD and L_dense (SPEC §2.3): r* = (C1R − 1)/(C1R − C2R), λ* = r*/C2_dense.

@@ -1,7 +1,8 @@
 """Per-request rows of a bench run (the side file named in `requests_file`).
 
 The fit itself needs only run summaries; the rows add what summaries cannot give: the traffic's length
-distribution (length classes) and the prefill cost per prompt token.
+distribution (length classes), the prefill cost per prompt token, and how much of a run's E2E spread is
+noise rather than its requests' own lengths.
 """
 from __future__ import annotations
 
@@ -22,9 +23,23 @@ class RequestSample:
     prompt_tokens: np.ndarray
     output_tokens: np.ndarray
     ttft: np.ndarray
+    e2e: np.ndarray  # NaN where a row lacks it
 
     def __len__(self) -> int:
         return len(self.prompt_tokens)
+
+    def e2e_noise_std(self) -> float | None:
+        """Spread of E2E that the requests' own output lengths do not explain: the residual std of a
+        least-squares line E2E = a + b·g over the run's requests (n − 2 degrees of freedom). The model
+        predicts a run's mean E2E at the run's mean output length, so only this part of the spread is
+        sampling noise of that prediction. None with fewer than 4 requests, no E2E, or one length."""
+        n = len(self)
+        if n < 4 or np.isnan(self.e2e).any() or np.ptp(self.output_tokens) == 0:
+            return None
+        X = np.column_stack([np.ones(n), self.output_tokens])
+        coef, *_ = np.linalg.lstsq(X, self.e2e, rcond=None)
+        residual = self.e2e - X @ coef
+        return float(np.sqrt(residual @ residual / (n - 2)))
 
 
 def _rows_by_run(path: Path) -> dict[str | None, list[dict]]:
@@ -45,7 +60,8 @@ def _sample(rows: list[dict]) -> RequestSample | None:
         return None
     return RequestSample(prompt_tokens=np.array([_prompt(r) for r in good], dtype=float),
                          output_tokens=np.array([r["output_tokens"] for r in good], dtype=float),
-                         ttft=np.array([r["ttft_s"] for r in good], dtype=float))
+                         ttft=np.array([r["ttft_s"] for r in good], dtype=float),
+                         e2e=np.array([r.get("e2e_s", np.nan) for r in good], dtype=float))
 
 
 def load_request_samples(runs: Sequence[BenchRun]) -> tuple[dict[str, RequestSample], list[str]]:

@@ -16,7 +16,8 @@ GOALS = {"rate": 5.0, "configuration": 8.0, "k": 8.0}
 TITLES = {"rate": "Held-out rates (leave one rate out)",
           "configuration": "Held-out configurations (leave one (alpha, k) out)",
           "k": "Held-out k (every configuration with that k left out)"}
-# The measurement's own noise beside the model's error: the held-out runs' standard error of mean E2E.
+# The measurement's own noise beside the model's error: the held-out runs' standard error of mean E2E
+# (from the spread their requests' own output lengths do not explain, where per-request rows exist).
 SE_COLUMN = "E2E noise (SE)"
 COLUMNS = (("e2e", "E2E"), ("ttft", "TTFT"), ("tpot", "TPOT"), ("e2e_p95", "E2E p95"), ("e2e_p99", "E2E p99"))
 

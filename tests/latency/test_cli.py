@@ -119,3 +119,6 @@ def test_noise_column_is_each_run_means_standard_error(sweep_file):
     expected = sum(30.0 / r.num_completed ** 0.5 for r in runs) / len(runs)
     assert standard_error(runs) == pytest.approx(expected)
     assert standard_error([]) is None
+    # Where the requests' rows give the spread their lengths do not explain, that replaces the raw one.
+    halved = {r.source: 0.15 * r.e2e.mean for r in runs}
+    assert standard_error(runs, halved) == pytest.approx(expected / 2)

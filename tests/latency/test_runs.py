@@ -1,4 +1,5 @@
 """Reading bench records and deciding which runs are saturated."""
+import numpy as np
 import pytest
 
 from specserve.errors import SpecServeError
@@ -135,3 +136,21 @@ def test_shared_request_file_is_split_by_run(tmp_path):
     assert list(a.prompt_tokens) == [101, 102, 103] and set(a.output_tokens) == {10}
     assert set(b.output_tokens) == {20}
     assert f"{path}:3" not in samples and "names none" in notes[0]
+
+
+def test_e2e_noise_is_the_spread_lengths_do_not_explain():
+    from specserve.latency.requests import RequestSample
+
+    g = np.array([20.0, 60.0, 100.0, 300.0, 500.0, 40.0])
+    noise = np.array([0.1, -0.1, 0.1, -0.1, 0.1, -0.1])
+    e2e = 0.5 + 0.03 * g + noise
+    ones = np.ones(6)
+    sample = RequestSample(100 * ones, g, ones, e2e)
+    # The raw spread is mostly the lengths' (std ~5.6 s); what remains after the line is the noise.
+    residual = e2e - np.polyval(np.polyfit(g, e2e, 1), g)
+    assert sample.e2e_noise_std() == pytest.approx(np.sqrt(residual @ residual / 4))
+    assert sample.e2e_noise_std() < 0.15 < 5 < e2e.std()
+    # One output length (fixed-length workloads), too few requests, or no E2E: no estimate.
+    assert RequestSample(100 * ones, 128 * ones, ones, e2e).e2e_noise_std() is None
+    assert RequestSample(ones[:3], g[:3], ones[:3], e2e[:3]).e2e_noise_std() is None
+    assert RequestSample(100 * ones, g, ones, np.full(6, np.nan)).e2e_noise_std() is None
