@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import shlex
 
+from specserve.model.registry import DEFAULT_MODEL
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
@@ -11,7 +13,7 @@ def register(subparsers) -> None:
         description="Distil a small Llama-family draft from a target (teacher forcing on real text, cached "
                     "top-k target logits, optional reduced draft vocabulary) and save a directory that "
                     "--speculative-config accepts.")
-    p.add_argument("--target", default="smollm2-135m", help="target model (directory, .gguf or alias)")
+    p.add_argument("--target", default=DEFAULT_MODEL, help="target model (directory, .gguf or alias)")
     p.add_argument("--out", required=True, help="directory to write the draft to")
     p.add_argument("--corpus", nargs="+", required=True, metavar="{code,chat,FILE}",
                    help="code: the Python standard library; chat: ShareGPT prompts with target replies; "

@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import argparse
 
+from specserve.model.registry import DEFAULT_MODEL
+
 
 def add_engine_args(p: argparse.ArgumentParser, max_num_batched_tokens: int) -> None:
     """`max_num_batched_tokens`: the per-step token budget's default for this command (server or offline)."""
     g = p.add_argument_group("engine")
-    g.add_argument("--model", default="smollm2-135m", help="HF directory, .gguf file or alias (default: smollm2-135m)")
+    g.add_argument("--model", default=DEFAULT_MODEL, help=f"HF directory, .gguf file or alias (default: {DEFAULT_MODEL})")
     g.add_argument("--speculative-config", default=None,
                    help='JSON, e.g. \'{"model": "default", "num_speculative_tokens": 4}\' or '
                         '\'{"method": "ngram", "num_speculative_tokens": 4}\'')

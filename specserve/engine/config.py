@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specserve.errors import SpecServeError
+from specserve.model.registry import DEFAULT_MODEL
 from specserve.spec.config import SpeculativeConfig
 
 
@@ -17,7 +18,7 @@ OFFLINE_MAX_NUM_BATCHED_TOKENS = 2048
 
 @dataclass(slots=True)
 class EngineConfig:
-    model: str = "smollm2-135m"
+    model: str = DEFAULT_MODEL
     dtype: str = "bfloat16"
     device: str = "cpu"
     max_num_seqs: int = 64

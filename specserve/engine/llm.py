@@ -5,10 +5,11 @@ from specserve.engine.config import OFFLINE_MAX_NUM_BATCHED_TOKENS, EngineConfig
 from specserve.engine.llm_engine import LLMEngine
 from specserve.engine.outputs import RequestOutput
 from specserve.engine.sampling_params import SamplingParams
+from specserve.model.registry import DEFAULT_MODEL
 
 
 class LLM:
-    def __init__(self, model: str = "smollm2-135m", config: EngineConfig | None = None, **engine_args):
+    def __init__(self, model: str = DEFAULT_MODEL, config: EngineConfig | None = None, **engine_args):
         """Engine flags as keyword arguments (vLLM's style), or a ready EngineConfig. Offline use gets the
         throughput-oriented step budget unless one is given."""
         engine_args.setdefault("max_num_batched_tokens", OFFLINE_MAX_NUM_BATCHED_TOKENS)

@@ -49,8 +49,7 @@ class Scheduler:
         self.draft_budget = draft_budget  # max draft tokens a decode of this sequence may carry
         self.policy = policy or FCFSPolicy()
         self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []  # in admission order
-        self._admissions = 0
+        self.running: list[Sequence] = []  # in admission order: preemption takes from the end
         self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
@@ -63,9 +62,6 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
         self.blocks.free(seq.block_table)
-
-    def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
@@ -106,8 +102,6 @@ class Scheduler:
             if waiting:
                 self.waiting.remove(seq)
                 seq.status = Status.RUNNING
-                seq.admit_order = self._admissions
-                self._admissions += 1
                 self.running.append(seq)
             self.blocks.grow(seq.block_table, seq.num_computed + chunk)
             out.prefills.append(ScheduledSeq(seq, chunk))

@@ -78,7 +78,6 @@ class Sequence:
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None
         self.finished_time: float | None = None
-        self.admit_order = -1  # set by the scheduler; preemption picks the most recent
 
     @property
     def output_token_ids(self) -> list[int]:
@@ -87,10 +86,6 @@ class Sequence:
     @property
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
-
-    @property
-    def is_finished(self) -> bool:
-        return self.status == Status.FINISHED
 
     @property
     def in_prefill(self) -> bool:

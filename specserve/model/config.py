@@ -117,7 +117,3 @@ class ModelConfig:
         if not self.eagle:
             d.pop("eagle")
         return d
-
-    @property
-    def num_queries_per_kv(self) -> int:
-        return self.num_attention_heads // self.num_key_value_heads
