@@ -2,6 +2,8 @@
 
 Systems (each run in its own subprocess, so peak RSS is its own; runs interleaved A/B/C, medians):
   specserve       continuous batching, paged KV cache (max_num_seqs = --batch-size)
+  specserve-torch-attention  the same with SPECSERVE_CPU_KERNELS=0: decode attention through torch ops
+                  (gather + matmuls) instead of the C kernel, to show what the kernel is worth
   hf-static       transformers generate() on static left-padded batches of --batch-size
   hf-sequential   transformers generate() one prompt at a time (on --sequential-prompts of them)
 Each system's time is also split into prefill (steps that carry prompt tokens; for transformers, prompt to
@@ -130,6 +132,7 @@ def run_overhead(args) -> dict:
 
 
 OP_KINDS = {"linear layers": ("mkldnn::_linear_pointwise", "aten::mm", "aten::addmm"),
+            "decode attention (C kernel)": ("specserve::short_attention",),
             "KV cache gather": ("aten::index_select",),
             "attention matmuls + softmax": ("aten::bmm", "aten::_softmax",
                                             "aten::_scaled_dot_product_flash_attention_for_cpu")}
@@ -149,14 +152,17 @@ def op_shares(engine, steps: int = 10) -> dict:
 
 
 def child(args) -> None:
-    result = {"specserve": run_specserve, "hf-static": lambda a: run_hf(a, False),
+    result = {"specserve": run_specserve, "specserve-torch-attention": run_specserve,
+              "hf-static": lambda a: run_hf(a, False),
               "hf-sequential": lambda a: run_hf(a, True), "overhead": run_overhead}[args.child](args)
     result["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     print("RESULT " + json.dumps(result))
 
 
 def spawn(system: str, argv: list[str]) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--child", system] + argv, capture_output=True, text=True)
+    env = os.environ | ({"SPECSERVE_CPU_KERNELS": "0"} if system == "specserve-torch-attention" else {})
+    out = subprocess.run([sys.executable, __file__, "--child", system] + argv, capture_output=True, text=True,
+                         env=env)
     line = [l for l in out.stdout.splitlines() if l.startswith("RESULT ")]
     if out.returncode or not line:
         raise SystemExit(f"{system} failed:\n{out.stderr[-2000:]}")
@@ -180,7 +186,7 @@ def main() -> None:
     if args.child:
         return child(args)
     argv = [a for a in sys.argv[1:] if a != "--profile-only"]
-    systems = [] if args.profile_only else ["specserve", "hf-static", "hf-sequential"]
+    systems = [] if args.profile_only else ["specserve", "specserve-torch-attention", "hf-static", "hf-sequential"]
     runs = {s: [] for s in systems}
     for r in range(args.repeats):  # interleaved: a load spike hits all systems alike
         for s in systems:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from specserve.model.attention import AttentionMetadata, allocate_kv_cache
+from specserve.model.kernels import short_attention_supported
 from specserve.model.llama import LlamaModel
 from specserve.model.packed_linear import pack_linears
 
@@ -40,6 +41,7 @@ class ModelRunner:
         weight = model.embed_tokens.weight
         self.device, self.dtype = weight.device, weight.dtype
         c = self.config
+        self.short_kernel = short_attention_supported(self.dtype, self.device)
         self.kv_cache = allocate_kv_cache(c.num_hidden_layers, num_blocks, block_size,
                                           c.num_key_value_heads, c.head_dim, self.dtype, self.device)
 
@@ -51,7 +53,7 @@ class ModelRunner:
         per-token input of an EAGLE draft."""
         meta = AttentionMetadata.build([len(it.token_ids) for it in items], [it.ctx_len for it in items],
                                        [it.block_table for it in items], self.block_size, self.device,
-                                       self.config.sliding_window)
+                                       self.config.sliding_window, self.short_kernel)
         ids = torch.tensor([t for it in items for t in it.token_ids], dtype=torch.long, device=self.device)
         hidden = self.model(ids, meta, self.kv_cache, features)
         rows, end = [], 0

@@ -13,8 +13,12 @@ each sequence's block table, and attention runs under a causal mask. Index tenso
 built once per step (`AttentionMetadata.build`) and reused by every layer: that is the only
 per-sequence Python work.
 
+On the CPU, short queries (decodes, verifies) go to a C kernel instead (`model/kernels`), which reads
+each sequence's keys and values once, straight from the cache, with no gather and no padding; the
+groups below then hold prefill chunks only. The torch ops path remains for other devices and dtypes.
+
 Prefill chunks use torch's SDPA (its fused CPU kernel was 2.3x faster than the matmuls for 256-token
-chunks). Short queries use two matmuls instead: for 1-token decodes of a batch, SDPA with a mask and
+chunks). Short queries on the torch path use two matmuls instead: for 1-token decodes of a batch, SDPA with a mask and
 grouped-query heads was 2-5x slower (it parallelises poorly over single queries). Folding the query
 heads that share a KV head into the query dimension ([G, Hkv, heads_per_kv * Q, D]) makes GQA one
 batched matmul without repeating keys. Scores are taken in float32 for the softmax, as the reference does.
@@ -25,6 +29,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from specserve.model.kernels import short_attention
 
 SHORT_QUERY_MAX = 16  # decodes and verifies (k+1 <= 16) share a group; longer queries are prefill chunks
 # A further group costs about as much as gathering and multiplying this many padded key blocks per
@@ -47,18 +53,29 @@ class AttentionGroup:
 
 
 @dataclass(slots=True)
+class ShortQueries:
+    """Sequences with short queries, for the C kernel (int32, as it reads them)."""
+    seqs: torch.Tensor          # [3, S] first query row (into the step's T tokens), q_len, ctx_len
+    block_tables: torch.Tensor  # [S, max_blocks] cache blocks of each sequence (0 for padding)
+    num_tokens: int             # sum of their q_lens
+
+
+@dataclass(slots=True)
 class AttentionMetadata:
     positions: torch.Tensor     # [T] position of each new token in its sequence
     slot_mapping: torch.Tensor  # [T] flat cache slot (block * block_size + offset) each new token writes
     groups: list[AttentionGroup]
+    sliding_window: int | None = None
+    short: ShortQueries | None = None  # set when the C kernel takes the short queries (not in `groups`)
     write_index: torch.Tensor | None = None  # [T * Hkv] rows the new keys/values go to (made on first use)
 
     @classmethod
     def build(cls, q_lens: list[int], ctx_lens: list[int], block_tables: list[list[int]],
               block_size: int, device: torch.device | str = "cpu",
-              sliding_window: int | None = None) -> "AttentionMetadata":
+              sliding_window: int | None = None, short_kernel: bool = False) -> "AttentionMetadata":
         """q_lens[i] new tokens of sequence i end at position ctx_lens[i] - 1; block_tables[i] holds
-        at least ceil(ctx_lens[i] / block_size) blocks."""
+        at least ceil(ctx_lens[i] / block_size) blocks. `short_kernel`: short queries go to the C kernel
+        (`kernels.short_attention_supported` says when it can run)."""
         positions, slots, starts = [], [], []
         start = 0
         for q, c, table in zip(q_lens, ctx_lens, block_tables):
@@ -72,11 +89,21 @@ class AttentionMetadata:
         short = [i for i, q in enumerate(q_lens) if q <= SHORT_QUERY_MAX]
         long = [i for i, q in enumerate(q_lens) if q > SHORT_QUERY_MAX]
         used_blocks = [(c + block_size - 1) // block_size for c in ctx_lens]
+        short_queries = None
+        if short_kernel and short:
+            width = max(used_blocks[i] for i in short)
+            short_queries = ShortQueries(
+                torch.tensor([[starts[i] for i in short], [q_lens[i] for i in short],
+                              [ctx_lens[i] for i in short]], dtype=torch.int32, device=device),
+                torch.tensor([list(block_tables[i][:used_blocks[i]]) + [0] * (width - used_blocks[i])
+                              for i in short], dtype=torch.int32, device=device),
+                sum(q_lens[i] for i in short))
+            short = []
         groups = [_build_group(members, q_lens, ctx_lens, used_blocks, block_tables, starts, block_size,
                                start, device, sliding_window)
                   for members in _split_by_context(short, used_blocks) + _split_by_context(long, used_blocks)]
         as_tensor = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
-        return cls(as_tensor(positions), as_tensor(slots), groups)
+        return cls(as_tensor(positions), as_tensor(slots), groups, sliding_window, short_queries)
 
 
 def _split_by_context(members: list[int], used_blocks: list[int]) -> list[list[int]]:
@@ -132,6 +159,11 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     k_cache.view(-1, head_dim).index_copy_(0, meta.write_index, k.reshape(-1, head_dim))
     v_cache.view(-1, head_dim).index_copy_(0, meta.write_index, v.reshape(-1, head_dim))
     out = q.new_empty(num_tokens, num_heads * head_dim)
+    if meta.short is not None:
+        short_attention(q, k_cache, v_cache, out, meta.short.seqs, meta.short.block_tables, scale,
+                        meta.sliding_window)
+        if meta.short.num_tokens == num_tokens:
+            return out
     for group in meta.groups:
         num_seqs, qmax = group.query_index.shape
         if group.kv_index is None:

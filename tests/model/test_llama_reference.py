@@ -1,10 +1,12 @@
-"""Our logits equal transformers' for prefill, token-by-token decode and a ragged mixed batch."""
+"""Our logits equal transformers' for prefill, token-by-token decode and a ragged mixed batch, with short
+queries through torch ops and through the C kernel."""
 import random
 
 import pytest
 import torch
 from transformers import LlamaConfig, MistralConfig, Qwen2Config
 
+from specserve.model.kernels import short_attention_supported
 from tests.model.helpers import new_cache, reference_pair, run_step
 
 SMALL = dict(vocab_size=256, hidden_size=64, intermediate_size=112, num_hidden_layers=2,
@@ -34,6 +36,13 @@ def pair(request):
     return reference_pair(CONFIGS[request.param])
 
 
+@pytest.fixture(params=["torch-ops", "c-kernel"])
+def kernel(request):
+    if request.param == "c-kernel" and not short_attention_supported(torch.float32, torch.device("cpu")):
+        pytest.skip("no C compiler: the kernel path cannot run here")
+    return request.param == "c-kernel"
+
+
 def reference_logits(ref, ids):
     with torch.no_grad():
         return ref(torch.tensor([ids])).logits[0]
@@ -46,17 +55,17 @@ def test_prefill(pair):
     assert (got - reference_logits(ref, ids)).abs().max() <= TOL
 
 
-def test_token_by_token_decode(pair):
+def test_token_by_token_decode(pair, kernel):
     ref, ours = pair
     ids = random.Random(1).choices(range(256), k=24)
     cache, table = new_cache(ours, 8, 4), [[5, 2, 7, 0, 1, 3]]
     want = reference_logits(ref, ids)
     for t in range(len(ids)):
-        got = run_step(ours, cache, [(t, ids[t:t + 1], t + 1)], table, 4)
+        got = run_step(ours, cache, [(t, ids[t:t + 1], t + 1)], table, 4, kernel)
         assert (got[0] - want[t]).abs().max() <= TOL, f"position {t}"
 
 
-def test_ragged_batch_mixing_prefill_chunk_decodes_and_verifies(pair):
+def test_ragged_batch_mixing_prefill_chunk_decodes_and_verifies(pair, kernel):
     ref, ours = pair
     rng = random.Random(2)
     # (tokens already cached, new tokens this step): a prefill chunk, two decodes, two 5-token
@@ -75,7 +84,7 @@ def test_ragged_batch_mixing_prefill_chunk_decodes_and_verifies(pair):
     run_step(ours, cache, [(0, full[i][:c], c) for i, (c, _) in warm], [tables[i] for i, _ in warm],
              block_size)
     got = run_step(ours, cache, [(c, full[i][c:], c + n) for i, (c, n) in enumerate(shapes)], tables,
-                   block_size)
+                   block_size, kernel)
     offset = 0
     for i, (cached, new) in enumerate(shapes):
         want = reference_logits(ref, full[i])[cached:]

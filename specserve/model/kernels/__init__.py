@@ -1,0 +1,109 @@
+"""CPU kernels in plain C, compiled on first use with the system's C compiler and loaded with ctypes.
+
+One kernel so far: attention of short queries over the paged KV cache (`paged_attention.c`). It is an
+optimisation only: without a compiler, on other devices or dtypes, or with SPECSERVE_CPU_KERNELS=0, the
+torch ops path in `model/attention.py` runs instead (same results up to float rounding).
+
+The library is built for this CPU (-march=native) into the cache directory, named by a hash of the
+source, the flags and the CPU, so an edited source or another machine sharing the cache rebuilds.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger("specserve.kernels")
+
+SOURCE = Path(__file__).with_name("paged_attention.c")
+# -ffast-math lets gcc vectorise the reductions and call glibc's vector expf (libmvec). It is given to
+# the compile step only: linked with it, gcc adds a constructor that turns on flush-to-zero for the
+# whole process on load, which would change torch's own arithmetic.
+COMPILE = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-c"]
+LINK = ["-shared", "-fopenmp", "-lmvec", "-lm"]
+DTYPES = {torch.bfloat16: "bf16", torch.float32: "f32"}
+PROFILER_NAME = "specserve::short_attention"
+
+
+def _cpu_id() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _build(compiler: str) -> Path:
+    from specserve.model.registry import cache_dir
+
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join([compiler, *COMPILE, *LINK, _cpu_id()]).encode())
+    target = cache_dir() / "kernels" / f"paged_attention-{key.hexdigest()[:16]}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:  # atomic: concurrent builds race safely
+        obj, built = Path(tmp) / "kernel.o", Path(tmp) / target.name
+        for cmd in ([compiler, *COMPILE, "-o", str(obj), str(SOURCE)], [compiler, "-o", str(built), str(obj), *LINK]):
+            subprocess.run(cmd, check=True, capture_output=True, text=True)
+        os.replace(built, target)
+    return target
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    if os.environ.get("SPECSERVE_CPU_KERNELS", "1") == "0":
+        return None
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        log.warning("no C compiler found: attention runs on torch ops (slower decode steps)")
+        return None
+    try:
+        lib = ctypes.CDLL(str(_build(compiler)))
+    except (OSError, subprocess.CalledProcessError) as e:
+        detail = getattr(e, "stderr", "") or str(e)
+        log.warning("CPU attention kernel unavailable, using torch ops: %s", detail.strip()[:300])
+        return None
+    for suffix in DTYPES.values():
+        fn = getattr(lib, f"paged_attention_short_{suffix}")
+        fn.restype = ctypes.c_int
+        fn.argtypes = ([ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 7 + [ctypes.c_int32] * 6
+                       + [ctypes.c_float] + [ctypes.c_int32] * 2)
+    return lib
+
+
+def short_attention_supported(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether `short_attention` can run tensors of this dtype and device (else use the torch ops path)."""
+    return device.type == "cpu" and dtype in DTYPES and _library() is not None
+
+
+def short_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
+                    seqs: torch.Tensor, block_tables: torch.Tensor, scale: float,
+                    sliding_window: int | None) -> None:
+    """Writes the attention output of every listed sequence's query rows into `out`.
+
+    q: [T, H, D] (rows contiguous inside: stride(1) == D, stride(2) == 1); k_cache, v_cache:
+    [num_blocks, Hkv, block_size, D] contiguous; out: [T, H * D] contiguous; seqs: [3, S] int32 (each
+    sequence's first query row, number of queries, context length incl. them); block_tables:
+    [S, max_blocks] int32."""
+    num_blocks, num_kv_heads, block_size, head_dim = k_cache.shape
+    assert q.stride(2) == 1 and q.stride(1) == head_dim and out.is_contiguous() and k_cache.is_contiguous()
+    assert v_cache.is_contiguous() and seqs.is_contiguous() and block_tables.is_contiguous()
+    fn = getattr(_library(), f"paged_attention_short_{DTYPES[q.dtype]}")
+    with torch.profiler.record_function(PROFILER_NAME):  # so that torch.profiler tables show it
+        status = fn(q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
+                    seqs[0].data_ptr(), seqs[1].data_ptr(), seqs[2].data_ptr(), block_tables.data_ptr(),
+                    block_tables.shape[1], seqs.shape[1], q.shape[1], num_kv_heads, head_dim, block_size,
+                    scale, sliding_window or 0, torch.get_num_threads())
+    if status != 0:
+        raise MemoryError("attention kernel: out of memory for its scratch buffers")

@@ -1,0 +1,79 @@
+"""The C attention kernel for short queries against a float64 reference, and its side effects."""
+import math
+
+import pytest
+import torch
+
+from specserve.model import kernels
+from specserve.model.kernels import short_attention, short_attention_supported
+
+CPU = torch.device("cpu")
+pytestmark = pytest.mark.skipif(not short_attention_supported(torch.float32, CPU),
+                                reason="no C compiler: the kernel cannot be built here")
+
+
+def reference(q, kc, vc, seqs, tables, starts, scale, window):
+    """Per query, per head: softmax over the keys it may see, in float64. [T, H * D]."""
+    T, H, D = q.shape
+    Hkv = kc.shape[1]
+    out = torch.zeros(T, H * D, dtype=torch.float64)
+    for (ql, ctx), table, start in zip(seqs, tables, starts):
+        keys = torch.cat([kc[b] for b in table], dim=1)[:, :ctx].double()  # [Hkv, ctx, D]
+        values = torch.cat([vc[b] for b in table], dim=1)[:, :ctx].double()
+        for i in range(ql):
+            pos = ctx - ql + i
+            visible = torch.arange(ctx) <= pos
+            if window:
+                visible &= torch.arange(ctx) > pos - window
+            for h in range(H):
+                g = h // (H // Hkv)
+                scores = (keys[g] @ q[start + i, h].double()) * scale
+                scores[~visible] = -math.inf
+                out[start + i, h * D:(h + 1) * D] = torch.softmax(scores, 0) @ values[g]
+    return out
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1.6e-2)])
+@pytest.mark.parametrize("window", [None, 5])
+@pytest.mark.parametrize("heads,kv_heads", [(6, 2), (4, 4), (4, 1)])
+def test_matches_float64_reference(dtype, tol, window, heads, kv_heads):
+    torch.manual_seed(0)
+    D, block_size, num_blocks = 64, 4, 40
+    kc = torch.randn(num_blocks, kv_heads, block_size, D).to(dtype)
+    vc = torch.randn(num_blocks, kv_heads, block_size, D).to(dtype)
+    seqs = [(1, 9), (3, 3), (5, 20), (2, 17), (1, 1)]  # (new queries, context incl. them): decodes, verifies
+    T = sum(q for q, _ in seqs)
+    # Queries as the model hands them over: a view into the fused [q; k] rope output (row stride > H * D).
+    q = torch.randn(T, heads + kv_heads, D).to(dtype)[:, :heads]
+    free = torch.randperm(num_blocks).tolist()
+    tables, starts, start = [], [], 0
+    for ql, ctx in seqs:
+        tables.append([free.pop() for _ in range(-(-ctx // block_size))])
+        starts.append(start)
+        start += ql
+    width = max(map(len, tables))
+    padded = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
+    meta = torch.tensor([starts, [q for q, _ in seqs], [c for _, c in seqs]], dtype=torch.int32)
+    out = torch.full((T, heads * D), float("nan"), dtype=dtype)
+    short_attention(q, kc, vc, out, meta, padded, 0.125, window)
+    want = reference(q, kc, vc, seqs, tables, starts, 0.125, window)
+    assert (out.double() - want).abs().max().item() <= tol
+
+
+def test_loading_leaves_denormals_alone():
+    """Linked with -ffast-math, gcc adds a constructor that sets flush-to-zero for the whole process."""
+    kernels._library()
+    tiny = torch.tensor([1e-39], dtype=torch.float32) / 10
+    assert tiny.item() != 0.0
+
+
+def test_can_be_turned_off(monkeypatch):
+    monkeypatch.setenv("SPECSERVE_CPU_KERNELS", "0")
+    kernels._library.cache_clear()
+    try:
+        assert not short_attention_supported(torch.float32, CPU)
+    finally:
+        monkeypatch.delenv("SPECSERVE_CPU_KERNELS")
+        kernels._library.cache_clear()
+    assert short_attention_supported(torch.float32, CPU)
+    assert not short_attention_supported(torch.float16, CPU)  # other dtypes take the torch path
