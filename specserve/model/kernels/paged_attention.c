@@ -64,15 +64,33 @@ int NAME(const T *q, int64_t q_stride, const T *kc, const T *vc, T *out, const i
                               + (int64_t)(g * per_kv + r % per_kv) * D;                                    \
                 for (int d = 0; d < D; d++) qf[r * D + d] = LOAD_##SUFFIX(qp, d) * scale;                   \
             }                                                                                              \
-            for (int j = lo; j < ctx; j++) { /* scores: each key read once for all rows */                 \
+            for (int j = lo; j < ctx;) { /* scores, 4 keys at a time (independent sums) where a block allows */ \
                 const int32_t block = tables[(int64_t)s * table_stride + j / block_size];                  \
                 const T *kp = kc + (((int64_t)block * Hkv + g) * block_size + j % block_size) * D;         \
+                if (j % block_size + 4 <= block_size && j + 4 <= ctx) {                                    \
+                    for (int r = 0; r < rows; r++) {                                                       \
+                        float d0 = 0.f, d1 = 0.f, d2 = 0.f, d3 = 0.f;                                      \
+                        const float *qr = qf + r * D;                                                      \
+                        _Pragma("omp simd reduction(+:d0,d1,d2,d3)")                                       \
+                        for (int d = 0; d < D; d++) {                                                      \
+                            d0 += qr[d] * LOAD_##SUFFIX(kp, d);                                            \
+                            d1 += qr[d] * LOAD_##SUFFIX(kp, D + d);                                        \
+                            d2 += qr[d] * LOAD_##SUFFIX(kp, 2 * D + d);                                    \
+                            d3 += qr[d] * LOAD_##SUFFIX(kp, 3 * D + d);                                    \
+                        }                                                                                  \
+                        float *out_s = sc + (size_t)r * n + (j - lo);                                      \
+                        out_s[0] = d0; out_s[1] = d1; out_s[2] = d2; out_s[3] = d3;                        \
+                    }                                                                                      \
+                    j += 4;                                                                                \
+                    continue;                                                                              \
+                }                                                                                          \
                 for (int r = 0; r < rows; r++) {                                                           \
                     float dot = 0.f;                                                                       \
                     _Pragma("omp simd reduction(+:dot)")                                                   \
                     for (int d = 0; d < D; d++) dot += qf[r * D + d] * LOAD_##SUFFIX(kp, d);               \
                     sc[(size_t)r * n + (j - lo)] = dot;                                                    \
                 }                                                                                          \
+                j++;                                                                                       \
             }                                                                                              \
             for (int r = 0; r < rows; r++) { /* softmax over the row's own keys; 0 elsewhere */            \
                 const int pos = first_pos + r / per_kv;                                                    \
@@ -87,14 +105,27 @@ int NAME(const T *q, int64_t q_stride, const T *kc, const T *vc, T *out, const i
                 total[r] = sum;                                                                            \
             }                                                                                              \
             memset(acc, 0, sizeof(float) * (size_t)rows * D);                                              \
-            for (int j = lo; j < ctx; j++) { /* values: each read once for all rows */                     \
+            for (int j = lo; j < ctx;) { /* values, 4 at a time where a block allows (fewer acc updates) */ \
                 const int32_t block = tables[(int64_t)s * table_stride + j / block_size];                  \
                 const T *vp = vc + (((int64_t)block * Hkv + g) * block_size + j % block_size) * D;         \
+                if (j % block_size + 4 <= block_size && j + 4 <= ctx) {                                    \
+                    for (int r = 0; r < rows; r++) {                                                       \
+                        const float *p = sc + (size_t)r * n + (j - lo);                                    \
+                        float *ar = acc + r * D;                                                           \
+                        _Pragma("omp simd")                                                                \
+                        for (int d = 0; d < D; d++)                                                        \
+                            ar[d] += p[0] * LOAD_##SUFFIX(vp, d) + p[1] * LOAD_##SUFFIX(vp, D + d)         \
+                                   + p[2] * LOAD_##SUFFIX(vp, 2 * D + d) + p[3] * LOAD_##SUFFIX(vp, 3 * D + d); \
+                    }                                                                                      \
+                    j += 4;                                                                                \
+                    continue;                                                                              \
+                }                                                                                          \
                 for (int r = 0; r < rows; r++) {                                                           \
                     const float p = sc[(size_t)r * n + (j - lo)];                                          \
                     _Pragma("omp simd")                                                                    \
                     for (int d = 0; d < D; d++) acc[r * D + d] += p * LOAD_##SUFFIX(vp, d);                \
                 }                                                                                          \
+                j++;                                                                                       \
             }                                                                                              \
             for (int r = 0; r < rows; r++) {                                                               \
                 T *op = out + (int64_t)(seq_start[s] + r / per_kv) * H * D                                 \
