@@ -15,11 +15,11 @@ per-sequence Python work.
 
 On the CPU, short queries (decodes, verifies) go to a C kernel instead (`model/kernels`), which reads
 each sequence's keys and values once, straight from the cache, with no gather and no padding; the
-groups below then hold prefill chunks only. The torch ops path remains for other devices and dtypes.
+groups then hold prefill chunks only. The torch ops path remains for other devices and dtypes.
 
 Prefill chunks use torch's SDPA (its fused CPU kernel was 2.3x faster than the matmuls for 256-token
-chunks). Short queries on the torch path use two matmuls instead: for 1-token decodes of a batch, SDPA with a mask and
-grouped-query heads was 2-5x slower (it parallelises poorly over single queries). Folding the query
+chunks). Short queries on the torch path use two matmuls instead: for 1-token decodes of a batch, SDPA
+with a mask and grouped-query heads was 2-5x slower (it parallelises poorly over single queries). Folding the query
 heads that share a KV head into the query dimension ([G, Hkv, heads_per_kv * Q, D]) makes GQA one
 batched matmul without repeating keys. Scores are taken in float32 for the softmax, as the reference does.
 """
