@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from specserve.model.registry import cache_dir
+
 log = logging.getLogger("specserve.kernels")
 
 SOURCE = Path(__file__).with_name("paged_attention.c")
@@ -45,8 +47,6 @@ def _cpu_id() -> str:
 
 
 def _build(compiler: str) -> Path:
-    from specserve.model.registry import cache_dir
-
     key = hashlib.sha256(SOURCE.read_bytes() + " ".join([compiler, *COMPILE, *LINK, _cpu_id()]).encode())
     target = cache_dir() / "kernels" / f"paged_attention-{key.hexdigest()[:16]}.so"
     if target.exists():
