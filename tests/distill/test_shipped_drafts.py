@@ -31,10 +31,14 @@ def test_default_resolves_to_a_shipped_draft_and_the_environment_chooses(monkeyp
 
 
 def test_default_draft_speculates_for_smollm2(smollm2_dir):
+    """Float32: in bf16 the target's GEMMs may round a row differently when a step carries 1 or k+1 rows of
+    a sequence (oneDNN picks kernels by row count), which can flip a near-tied argmax; see the README's
+    note on losslessness. On this prompt that happens at the 7th token in bf16."""
     from specserve import LLM, SamplingParams
-    llm = LLM(model=str(smollm2_dir), speculative_config={"model": "default", "num_speculative_tokens": 4})
-    out = llm.generate(["def fibonacci(n):\n    "], SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))[0]
+    params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+    llm = LLM(model=str(smollm2_dir), dtype="float32",
+              speculative_config={"model": "default", "num_speculative_tokens": 4})
+    out = llm.generate(["def fibonacci(n):\n    "], params)[0]
     assert out.spec["num_drafts"] > 0 and out.spec["num_accepted_tokens"] > 0
-    plain = LLM(model=str(smollm2_dir)).generate(["def fibonacci(n):\n    "],
-                                                  SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))[0]
+    plain = LLM(model=str(smollm2_dir), dtype="float32").generate(["def fibonacci(n):\n    "], params)[0]
     assert out.token_ids == plain.token_ids

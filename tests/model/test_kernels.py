@@ -77,3 +77,28 @@ def test_can_be_turned_off(monkeypatch):
         kernels._library.cache_clear()
     assert short_attention_supported(torch.float32, CPU)
     assert not short_attention_supported(torch.float16, CPU)  # other dtypes take the torch path
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("block_size,window", [(16, None), (4, None), (16, 7), (6, None)])
+def test_a_query_gets_the_same_bits_in_a_decode_and_in_a_verify(dtype, block_size, window):
+    """Lossless greedy SD needs this: the verify pass scores draft positions with more keys cached behind
+    them (and more rows beside them) than the plain decode of the same position had, and a last-bit
+    difference can flip an argmax between near-tied tokens."""
+    torch.manual_seed(1)
+    H, Hkv, D, verify = 6, 2, 64, 5
+    context = 41
+    num_blocks = -(-(context + verify) // block_size)
+    kc = torch.randn(num_blocks, Hkv, block_size, D).to(dtype)
+    vc = torch.randn(num_blocks, Hkv, block_size, D).to(dtype)
+    table = torch.arange(num_blocks, dtype=torch.int32)[None]
+    q = torch.randn(verify, H, D).to(dtype)
+    # One verify: queries at positions context .. context + verify - 1.
+    verified = torch.empty(verify, H * D, dtype=dtype)
+    short_attention(q, kc, vc, verified, torch.tensor([[0], [verify], [context + verify]], dtype=torch.int32),
+                    table, 0.125, window)
+    for i in range(verify):  # the same queries as decodes, each with only its own keys cached
+        decoded = torch.empty(1, H * D, dtype=dtype)
+        short_attention(q[i:i + 1], kc, vc, decoded, torch.tensor([[0], [1], [context + i + 1]], dtype=torch.int32),
+                        table, 0.125, window)
+        assert torch.equal(decoded[0], verified[i]), f"position {context + i}"

@@ -39,38 +39,74 @@ static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch
 #define LOAD_f32(p, i) ((p)[i])
 #define STORE_f32(p, i, x) ((p)[i] = (x))
 
+#define GROUP 4 /* keys per group: four independent dot products, one accumulator update per four values */
+#define CHUNK 16 /* softmax: exponentials and partial sums CHUNK at a time (one vector of float32) */
+
+/* exp(x - max) in place over len scores, returns their sum. The split into CHUNKs and the order of
+ * the partial sums depend only on len, so a query's weights come out the same in every call. */
+static float softmax_in_place(float *x, int len) {
+    float m = x[0];
+    for (int i = 1; i < len; i++) m = x[i] > m ? x[i] : m;
+    float part[CHUNK] = {0};
+    const int full = len / CHUNK * CHUNK;
+    for (int i = 0; i < full; i += CHUNK) {
+        _Pragma("omp simd")
+        for (int c = 0; c < CHUNK; c++) {
+            x[i + c] = expf(x[i + c] - m);
+            part[c] += x[i + c];
+        }
+    }
+    for (int i = full; i < len; i++) {
+        x[i] = expf(x[i] - m);
+        part[i - full] += x[i];
+    }
+    for (int width = CHUNK / 2; width > 0; width /= 2)
+        for (int c = 0; c < width; c++) part[c] += part[c + width];
+    return part[0];
+}
+
 #define DEFINE_KERNEL(NAME, T, SUFFIX)                                                                     \
 int NAME(const T *q, int64_t q_stride, const T *kc, const T *vc, T *out, const int32_t *seq_start,        \
-          const int32_t *seq_qlen, const int32_t *seq_ctx, const int32_t *tables, int32_t table_stride,     \
-          int32_t num_seqs, int32_t H, int32_t Hkv, int32_t D, int32_t block_size, float scale,            \
-          int32_t window, int32_t num_threads) {                                                           \
+         const int32_t *seq_qlen, const int32_t *seq_ctx, const int32_t *tables, int32_t table_stride,      \
+         int32_t num_seqs, int32_t H, int32_t Hkv, int32_t D, int32_t block_size, float scale,             \
+         int32_t window, int32_t num_threads) {                                                            \
     const int per_kv = H / Hkv;                                                                            \
+    /* Keys go in aligned groups of GROUP, always whole (reading cache slots past the context inside the  \
+     * last block; their weights are 0): then every key takes the same arithmetic path wherever the      \
+     * context ends, and a query's output is the same in a decode and in a longer verify (lossless SD). */ \
+    const int group = block_size % GROUP == 0 ? GROUP : 1;                                                 \
     int failed = 0;                                                                                        \
     _Pragma("omp parallel for collapse(2) schedule(dynamic, 1) num_threads(num_threads)")                 \
     for (int s = 0; s < num_seqs; s++) {                                                                   \
         for (int g = 0; g < Hkv; g++) {                                                                    \
             const int ql = seq_qlen[s], ctx = seq_ctx[s], rows = ql * per_kv;                              \
             const int first_pos = ctx - ql;                                                                \
-            int lo = 0; /* first key any row may see */                                                    \
+            int lo = 0; /* first key any row may see, rounded down to a group */                           \
             if (window > 0 && first_pos - window + 1 > 0) lo = first_pos - window + 1;                     \
-            const int n = ctx - lo;                                                                        \
-            float *buf = malloc(sizeof(float) * ((size_t)rows * (2 * D + n + 1)));                         \
+            lo -= lo % group;                                                                              \
+            const int hi = (ctx + group - 1) / group * group, n = hi - lo;                                 \
+            /* 64-byte aligned rows (D is a multiple of 16 in every supported model): vector loops then   \
+             * split the same way in every call, so the rounding does not depend on where malloc put us. */ \
+            const size_t row_floats = ((size_t)n + 15) / 16 * 16;                                          \
+            const size_t floats = (size_t)rows * (2 * D + row_floats + 16);                                \
+            float *buf = aligned_alloc(64, (sizeof(float) * floats + 63) / 64 * 64);                       \
             if (buf == NULL) { failed = 1; continue; }                                                     \
             float *qf = buf, *acc = qf + (size_t)rows * D, *sc = acc + (size_t)rows * D;                   \
-            float *total = sc + (size_t)rows * n;                                                          \
+            float *total = sc + (size_t)rows * row_floats;                                                 \
             /* row r: query token r / per_kv, query head g * per_kv + r % per_kv */                        \
             for (int r = 0; r < rows; r++) {                                                               \
                 const T *qp = q + (int64_t)(seq_start[s] + r / per_kv) * q_stride                          \
                               + (int64_t)(g * per_kv + r % per_kv) * D;                                    \
                 for (int d = 0; d < D; d++) qf[r * D + d] = LOAD_##SUFFIX(qp, d) * scale;                   \
             }                                                                                              \
-            for (int j = lo; j < ctx;) { /* scores, 4 keys at a time (independent sums) where a block allows */ \
+            for (int j = lo; j < hi; j += group) { /* scores: each key read once for all rows */           \
                 const int32_t block = tables[(int64_t)s * table_stride + j / block_size];                  \
                 const T *kp = kc + (((int64_t)block * Hkv + g) * block_size + j % block_size) * D;         \
-                if (j % block_size + 4 <= block_size && j + 4 <= ctx) {                                    \
-                    for (int r = 0; r < rows; r++) {                                                       \
+                for (int r = 0; r < rows; r++) {                                                           \
+                    const float *qr = qf + r * D;                                                          \
+                    float *sr = sc + (size_t)r * row_floats + (j - lo);                                    \
+                    if (group == GROUP) { /* GROUP independent dot products */                             \
                         float d0 = 0.f, d1 = 0.f, d2 = 0.f, d3 = 0.f;                                      \
-                        const float *qr = qf + r * D;                                                      \
                         _Pragma("omp simd reduction(+:d0,d1,d2,d3)")                                       \
                         for (int d = 0; d < D; d++) {                                                      \
                             d0 += qr[d] * LOAD_##SUFFIX(kp, d);                                            \
@@ -78,54 +114,40 @@ int NAME(const T *q, int64_t q_stride, const T *kc, const T *vc, T *out, const i
                             d2 += qr[d] * LOAD_##SUFFIX(kp, 2 * D + d);                                    \
                             d3 += qr[d] * LOAD_##SUFFIX(kp, 3 * D + d);                                    \
                         }                                                                                  \
-                        float *out_s = sc + (size_t)r * n + (j - lo);                                      \
-                        out_s[0] = d0; out_s[1] = d1; out_s[2] = d2; out_s[3] = d3;                        \
+                        sr[0] = d0; sr[1] = d1; sr[2] = d2; sr[3] = d3;                                    \
+                    } else {                                                                               \
+                        float dot = 0.f;                                                                   \
+                        _Pragma("omp simd reduction(+:dot)")                                               \
+                        for (int d = 0; d < D; d++) dot += qr[d] * LOAD_##SUFFIX(kp, d);                   \
+                        sr[0] = dot;                                                                       \
                     }                                                                                      \
-                    j += 4;                                                                                \
-                    continue;                                                                              \
                 }                                                                                          \
-                for (int r = 0; r < rows; r++) {                                                           \
-                    float dot = 0.f;                                                                       \
-                    _Pragma("omp simd reduction(+:dot)")                                                   \
-                    for (int d = 0; d < D; d++) dot += qf[r * D + d] * LOAD_##SUFFIX(kp, d);               \
-                    sc[(size_t)r * n + (j - lo)] = dot;                                                    \
-                }                                                                                          \
-                j++;                                                                                       \
             }                                                                                              \
-            for (int r = 0; r < rows; r++) { /* softmax over the row's own keys; 0 elsewhere */            \
+            for (int r = 0; r < rows; r++) { /* softmax over the row's own keys; weight 0 elsewhere */     \
                 const int pos = first_pos + r / per_kv;                                                    \
-                const int a = (window > 0 && pos - window + 1 > lo ? pos - window + 1 : lo) - lo;           \
-                const int b = pos - lo; /* inclusive */                                                    \
-                float *row = sc + (size_t)r * n, m = row[a], sum = 0.f;                                    \
-                for (int j = a + 1; j <= b; j++) m = row[j] > m ? row[j] : m;                              \
-                for (int j = 0; j < a; j++) row[j] = 0.f;                                                  \
-                _Pragma("omp simd reduction(+:sum)")                                                       \
-                for (int j = a; j <= b; j++) { row[j] = expf(row[j] - m); sum += row[j]; }                 \
-                for (int j = b + 1; j < n; j++) row[j] = 0.f;                                              \
-                total[r] = sum;                                                                            \
+                const int first = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;               \
+                float *row = sc + (size_t)r * row_floats;                                                  \
+                total[r] = softmax_in_place(row + (first - lo), pos - first + 1);                          \
+                for (int j = 0; j < first - lo; j++) row[j] = 0.f;                                         \
+                for (int j = pos + 1 - lo; j < n; j++) row[j] = 0.f;                                       \
             }                                                                                              \
             memset(acc, 0, sizeof(float) * (size_t)rows * D);                                              \
-            for (int j = lo; j < ctx;) { /* values, 4 at a time where a block allows (fewer acc updates) */ \
+            for (int j = lo; j < hi; j += group) { /* values: each read once for all rows */               \
                 const int32_t block = tables[(int64_t)s * table_stride + j / block_size];                  \
                 const T *vp = vc + (((int64_t)block * Hkv + g) * block_size + j % block_size) * D;         \
-                if (j % block_size + 4 <= block_size && j + 4 <= ctx) {                                    \
-                    for (int r = 0; r < rows; r++) {                                                       \
-                        const float *p = sc + (size_t)r * n + (j - lo);                                    \
-                        float *ar = acc + r * D;                                                           \
+                for (int r = 0; r < rows; r++) {                                                           \
+                    const float *p = sc + (size_t)r * row_floats + (j - lo);                               \
+                    float *ar = acc + r * D;                                                               \
+                    if (group == GROUP) {                                                                  \
                         _Pragma("omp simd")                                                                \
                         for (int d = 0; d < D; d++)                                                        \
                             ar[d] += p[0] * LOAD_##SUFFIX(vp, d) + p[1] * LOAD_##SUFFIX(vp, D + d)         \
                                    + p[2] * LOAD_##SUFFIX(vp, 2 * D + d) + p[3] * LOAD_##SUFFIX(vp, 3 * D + d); \
+                    } else {                                                                               \
+                        _Pragma("omp simd")                                                                \
+                        for (int d = 0; d < D; d++) ar[d] += p[0] * LOAD_##SUFFIX(vp, d);                  \
                     }                                                                                      \
-                    j += 4;                                                                                \
-                    continue;                                                                              \
                 }                                                                                          \
-                for (int r = 0; r < rows; r++) {                                                           \
-                    const float p = sc[(size_t)r * n + (j - lo)];                                          \
-                    _Pragma("omp simd")                                                                    \
-                    for (int d = 0; d < D; d++) acc[r * D + d] += p * LOAD_##SUFFIX(vp, d);                \
-                }                                                                                          \
-                j++;                                                                                       \
             }                                                                                              \
             for (int r = 0; r < rows; r++) {                                                               \
                 T *op = out + (int64_t)(seq_start[s] + r / per_kv) * H * D                                 \
