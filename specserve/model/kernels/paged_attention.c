@@ -1,9 +1,9 @@
 /* Attention of short queries (decodes, verifies) over a paged KV cache, on the CPU.
  *
  * Why not torch ops: gathering each sequence's keys and values into a padded batch (index_select) and
- * multiplying it (bmm) reads and writes every cached key three times per layer, and a decode step's
- * attention is memory-bound. Here each (sequence, KV head) reads its keys and values once, straight
- * from the cache through its block table, in float32 for the arithmetic.
+ * multiplying it (bmm) moves every cached key three times per layer (read, write the copy, read it
+ * again). Here each (sequence, KV head) reads its keys and values once, straight from the cache
+ * through its block table, in float32 for the arithmetic.
  *
  * Shapes (row-major, element strides):
  *   q      [T, H, D] with row stride q_stride (queries of every token of the step, rope applied)
