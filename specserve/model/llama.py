@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specserve.model import kernels
 from specserve.model.attention import AttentionMetadata, paged_attention
 from specserve.model.config import ModelConfig
 from specserve.model.rope import apply_rope, rope_table
@@ -21,6 +22,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if kernels.rms_norm_supported(x, self.weight):  # the same arithmetic in one C call (CPU, no autograd)
+            return kernels.rms_norm(x, self.weight, self.eps)
         # One fused op that normalises in float32 and rounds once to x's dtype, as the reference's
         # x.float() * rsqrt(mean(x^2) + eps) then .to(dtype) does (bf16 variance loses too much precision).
         return self.weight * F.rms_norm(x, self.weight.shape, eps=self.eps)

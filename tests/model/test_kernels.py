@@ -1,11 +1,12 @@
-"""The C attention kernel for short queries against a float64 reference, and its side effects."""
+"""The C kernels (attention of short queries, RMSNorm) against references, and their side effects."""
 import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from specserve.model import kernels
-from specserve.model.kernels import short_attention, short_attention_supported
+from specserve.model.kernels import rms_norm, rms_norm_supported, short_attention, short_attention_supported
 
 CPU = torch.device("cpu")
 pytestmark = pytest.mark.skipif(not short_attention_supported(torch.float32, CPU),
@@ -78,6 +79,37 @@ def test_can_be_turned_off(monkeypatch):
         kernels._library.cache_clear()
     assert short_attention_supported(torch.float32, CPU)
     assert not short_attention_supported(torch.float16, CPU)  # other dtypes take the torch path
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-6), (torch.bfloat16, 0.0)])
+@pytest.mark.parametrize("rows,dim", [(1, 576), (37, 576), (300, 100)])  # 300 rows: the threaded branch
+def test_rms_norm_matches_torch(dtype, tol, rows, dim):
+    """The reference is what the model runs without the kernel: w * F.rms_norm(x) (float32 inside)."""
+    torch.manual_seed(0)
+    x = (3 * torch.randn(rows, 2 * dim)).to(dtype)[:, :dim]  # rows with a stride, as a split hands them over
+    weight = (1 + 0.5 * torch.randn(dim)).to(dtype)
+    with torch.no_grad():
+        assert rms_norm_supported(x, weight)
+        want = weight * F.rms_norm(x, (dim,), eps=1e-5)
+        got = rms_norm(x, weight, 1e-5)
+    assert got.dtype == dtype and got.shape == (rows, dim)
+    assert (got.float() - want.float()).abs().max().item() <= tol
+
+
+def test_rms_norm_gives_a_row_the_same_bits_alone_and_in_a_batch():
+    torch.manual_seed(0)
+    x, weight = torch.randn(300, 576).bfloat16(), torch.randn(576).bfloat16()
+    batch = rms_norm(x, weight, 1e-5)
+    for r in (0, 150, 299):
+        assert torch.equal(rms_norm(x[r:r + 1], weight, 1e-5)[0], batch[r])
+
+
+def test_rms_norm_leaves_autograd_to_torch():
+    x, weight = torch.randn(4, 8), torch.ones(8, requires_grad=True)
+    assert not rms_norm_supported(x, weight)  # no backward in C: training takes F.rms_norm
+    with torch.no_grad():
+        assert rms_norm_supported(x, weight)
+    assert not rms_norm_supported(x.bfloat16(), weight.detach())  # dtypes must agree
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

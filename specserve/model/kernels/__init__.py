@@ -1,11 +1,13 @@
 """CPU kernels in plain C, compiled on first use with the system's C compiler and loaded with ctypes.
 
-One kernel so far: attention of short queries over the paged KV cache (`paged_attention.c`). It is an
-optimisation only: without a compiler, on other devices or dtypes, or with SPECSERVE_CPU_KERNELS=0, the
-torch ops path in `model/attention.py` runs instead (same results up to float rounding).
+Two kernels: attention of short queries over the paged KV cache (`paged_attention.c`) and RMSNorm
+(`rms_norm.c`). They are optimisations only: without a compiler, on other devices or dtypes, with
+autograd recording, or with SPECSERVE_CPU_KERNELS=0, torch ops run instead (`model/attention.py`'s
+gather path, F.rms_norm; same results up to float rounding).
 
-The library is built for this CPU (-march=native) into the cache directory, named by a hash of the
-source, the flags and the CPU, so an edited source or another machine sharing the cache rebuilds.
+Both go into one library, built for this CPU (-march=native) into the cache directory and named by a
+hash of the sources, the flags and the CPU, so an edited source or another machine sharing the cache
+rebuilds.
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ from specserve.model.registry import cache_dir
 
 log = logging.getLogger("specserve.kernels")
 
-SOURCE = Path(__file__).with_name("paged_attention.c")
+SOURCES = sorted(Path(__file__).parent.glob("*.c"))
 # -ffast-math lets gcc vectorise the reductions and call glibc's vector expf (libmvec). It is given to
 # the compile step only: linked with it, gcc adds a constructor that turns on flush-to-zero for the
 # whole process on load, which would change torch's own arithmetic.
@@ -48,15 +50,18 @@ def _cpu_id() -> str:
 
 
 def _build(compiler: str) -> Path:
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join([compiler, *COMPILE, *LINK, _cpu_id()]).encode())
-    target = cache_dir() / "kernels" / f"paged_attention-{key.hexdigest()[:16]}.so"
+    key = hashlib.sha256(b"".join(src.read_bytes() for src in SOURCES)
+                         + " ".join([compiler, *COMPILE, *LINK, _cpu_id()]).encode())
+    target = cache_dir() / "kernels" / f"specserve-kernels-{key.hexdigest()[:16]}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:  # atomic: concurrent builds race safely
-        obj, built = Path(tmp) / "kernel.o", Path(tmp) / target.name
-        for cmd in ([compiler, *COMPILE, "-o", str(obj), str(SOURCE)], [compiler, "-o", str(built), str(obj), *LINK]):
-            subprocess.run(cmd, check=True, capture_output=True, text=True)
+        objects = [str(Path(tmp) / f"{src.stem}.o") for src in SOURCES]
+        for src, obj in zip(SOURCES, objects):
+            subprocess.run([compiler, *COMPILE, "-o", obj, str(src)], check=True, capture_output=True, text=True)
+        built = Path(tmp) / target.name
+        subprocess.run([compiler, "-o", str(built), *objects, *LINK], check=True, capture_output=True, text=True)
         os.replace(built, target)
     return target
 
@@ -67,19 +72,23 @@ def _library() -> ctypes.CDLL | None:
         return None
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
-        log.warning("no C compiler found: attention runs on torch ops (slower decode steps)")
+        log.warning("no C compiler found: attention and RMSNorm run on torch ops (slower decode steps)")
         return None
     try:
         lib = ctypes.CDLL(str(_build(compiler)))
     except (OSError, subprocess.CalledProcessError) as e:
         detail = getattr(e, "stderr", "") or str(e)
-        log.warning("CPU attention kernel unavailable, using torch ops: %s", detail.strip()[:300])
+        log.warning("CPU kernels unavailable, using torch ops: %s", detail.strip()[:300])
         return None
     for suffix in DTYPES.values():
         fn = getattr(lib, f"paged_attention_short_{suffix}")
         fn.restype = ctypes.c_int
         fn.argtypes = ([ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 7 + [ctypes.c_int32] * 6
                        + [ctypes.c_float] + [ctypes.c_int32] * 2)
+        fn = getattr(lib, f"rms_norm_{suffix}")
+        fn.restype = None
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 2 + [ctypes.c_int32] * 2 + [
+            ctypes.c_float, ctypes.c_int32]
     return lib
 
 
@@ -109,3 +118,20 @@ def short_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     scale, sliding_window or 0, torch.get_num_threads())
     if status != 0:
         raise MemoryError("attention kernel: out of memory for its scratch buffers")
+
+
+def rms_norm_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `rms_norm` can run: CPU, bf16 or float32, rows with unit stride, nothing for autograd."""
+    return (x.device.type == "cpu" and x.dtype in DTYPES and weight.dtype == x.dtype and x.dim() == 2
+            and x.stride(1) == 1 and weight.is_contiguous()
+            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+            and _library() is not None)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x: [N, dim] (unit stride along dim); weight: [dim]. Returns weight * dtype(x / rms(x)), [N, dim]."""
+    out = torch.empty(x.shape, dtype=x.dtype)
+    getattr(_library(), f"rms_norm_{DTYPES[x.dtype]}")(
+        x.data_ptr(), x.stride(0), weight.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], eps,
+        torch.get_num_threads())
+    return out
