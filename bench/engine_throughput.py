@@ -2,8 +2,8 @@
 
 Systems (each run in its own subprocess, so peak RSS is its own; runs interleaved A/B/C, medians):
   specserve       continuous batching, paged KV cache (max_num_seqs = --batch-size)
-  specserve-torch-attention  the same with SPECSERVE_CPU_KERNELS=0: decode attention through torch ops
-                  (gather + matmuls) instead of the C kernel, to show what the kernel is worth
+  specserve-torch-ops  the same with SPECSERVE_CPU_KERNELS=0: decode attention (gather + matmuls) and
+                  RMSNorm through torch ops instead of the C kernels, to show what the kernels are worth
   hf-static       transformers generate() on static left-padded batches of --batch-size
   hf-sequential   transformers generate() one prompt at a time (on --sequential-prompts of them)
 Each system's time is also split into prefill (steps that carry prompt tokens; for transformers, prompt to
@@ -133,6 +133,7 @@ def run_overhead(args) -> dict:
 
 OP_KINDS = {"linear layers": ("mkldnn::_linear_pointwise", "aten::mm", "aten::addmm"),
             "decode attention (C kernel)": ("specserve::short_attention",),
+            "RMSNorm (C kernel)": ("specserve::rms_norm",),
             "KV cache gather": ("aten::index_select",),
             "attention matmuls + softmax": ("aten::bmm", "aten::_softmax",
                                             "aten::_scaled_dot_product_flash_attention_for_cpu")}
@@ -152,7 +153,7 @@ def op_shares(engine, steps: int = 10) -> dict:
 
 
 def child(args) -> None:
-    result = {"specserve": run_specserve, "specserve-torch-attention": run_specserve,
+    result = {"specserve": run_specserve, "specserve-torch-ops": run_specserve,
               "hf-static": lambda a: run_hf(a, False),
               "hf-sequential": lambda a: run_hf(a, True), "overhead": run_overhead}[args.child](args)
     result["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
@@ -160,7 +161,7 @@ def child(args) -> None:
 
 
 def spawn(system: str, argv: list[str]) -> dict:
-    env = os.environ | ({"SPECSERVE_CPU_KERNELS": "0"} if system == "specserve-torch-attention" else {})
+    env = os.environ | ({"SPECSERVE_CPU_KERNELS": "0"} if system == "specserve-torch-ops" else {})
     out = subprocess.run([sys.executable, __file__, "--child", system] + argv, capture_output=True, text=True,
                          env=env)
     line = [l for l in out.stdout.splitlines() if l.startswith("RESULT ")]
@@ -186,7 +187,7 @@ def main() -> None:
     if args.child:
         return child(args)
     argv = [a for a in sys.argv[1:] if a != "--profile-only"]
-    systems = [] if args.profile_only else ["specserve", "specserve-torch-attention", "hf-static", "hf-sequential"]
+    systems = [] if args.profile_only else ["specserve", "specserve-torch-ops", "hf-static", "hf-sequential"]
     runs = {s: [] for s in systems}
     for r in range(args.repeats):  # interleaved: a load spike hits all systems alike
         for s in systems:

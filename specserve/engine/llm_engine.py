@@ -16,6 +16,7 @@ from specserve.engine.sampling_params import SamplingParams
 from specserve.engine.scheduler import Scheduler
 from specserve.engine.sequence import Sequence, Status
 from specserve.errors import InvalidRequestError, SpecServeError
+from specserve.model.kernels import argmax_rows
 from specserve.model.loader import load_model
 from specserve.spec.controller import StaticController
 from specserve.spec.rejection_sampler import rejection_sample
@@ -206,18 +207,17 @@ class LLMEngine:
             rows.append(list(range(start, start + len(d) + 1)))
             start += len(d) + 1
         k = max((len(d) for _, d, _ in verify), default=0)
-        argmax = logits.argmax(dim=-1)
+        argmax = argmax_rows(logits).tolist()  # padded in Python: one tensor each, not one op per row
         committed: list[list[int] | None] = [None] * len(verify)
         for greedy in (True, False):
             group = [i for i, (seq, _, _) in enumerate(verify) if seq.params.greedy == greedy]
             if not group:
                 continue
             n = len(group)
-            padded_argmax = torch.zeros(n, k + 1, dtype=torch.long)
-            draft_ids = torch.zeros(n, k, dtype=torch.long)
-            for g, i in enumerate(group):
-                padded_argmax[g, :len(rows[i])] = argmax[rows[i]]
-                draft_ids[g, :len(verify[i][1])] = torch.tensor(verify[i][1], dtype=torch.long)
+            padded_argmax = torch.tensor([argmax[rows[i][0]:rows[i][-1] + 1] + [0] * (k + 1 - len(rows[i]))
+                                          for i in group], dtype=torch.long)  # [n, k + 1]
+            draft_ids = torch.tensor([verify[i][1] + [0] * (k - len(verify[i][1])) for i in group],
+                                     dtype=torch.long).view(n, k)
             p = q = None
             if not greedy:
                 p = torch.zeros(n, k + 1, logits.shape[-1])

@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 
 from specserve.model import kernels
-from specserve.model.kernels import rms_norm, rms_norm_supported, short_attention, short_attention_supported
+from specserve.model.kernels import (argmax_rows, rms_norm, rms_norm_supported, short_attention,
+                                     short_attention_supported)
 
 CPU = torch.device("cpu")
 pytestmark = pytest.mark.skipif(not short_attention_supported(torch.float32, CPU),
@@ -135,3 +136,13 @@ def test_a_query_gets_the_same_bits_in_a_decode_and_in_a_verify(dtype, block_siz
         short_attention(q[i:i + 1], kc, vc, decoded, torch.tensor([[0], [1], [context + i + 1]], dtype=torch.int32),
                         table, 0.125, window)
         assert torch.equal(decoded[0], verified[i]), f"position {context + i}"
+
+
+@pytest.mark.parametrize("rows,cols", [(1, 49152), (32, 49152), (3, 5)])
+def test_argmax_rows_matches_torch_first_index_on_ties(rows, cols):
+    torch.manual_seed(0)
+    logits = torch.randn(rows, 2 * cols)[:, :cols]  # rows with a stride
+    logits[0, cols // 2] = logits[0, -1] = logits[0].max() + 1  # a tie: the first index wins, as in torch
+    assert torch.equal(argmax_rows(logits), logits.argmax(dim=-1))
+    assert argmax_rows(logits)[0].item() == cols // 2
+    assert torch.equal(argmax_rows(logits.bfloat16()), logits.bfloat16().argmax(dim=-1))  # torch path

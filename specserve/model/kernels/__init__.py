@@ -1,11 +1,12 @@
 """CPU kernels in plain C, compiled on first use with the system's C compiler and loaded with ctypes.
 
-Two kernels: attention of short queries over the paged KV cache (`paged_attention.c`) and RMSNorm
-(`rms_norm.c`). They are optimisations only: without a compiler, on other devices or dtypes, with
-autograd recording, or with SPECSERVE_CPU_KERNELS=0, torch ops run instead (`model/attention.py`'s
-gather path, F.rms_norm; same results up to float rounding).
+Three kernels: attention of short queries over the paged KV cache (`paged_attention.c`), RMSNorm
+(`rms_norm.c`) and the greedy argmax of logit rows (`argmax.c`). They are optimisations only: without a
+compiler, on other devices or dtypes, with autograd recording, or with SPECSERVE_CPU_KERNELS=0, torch
+ops run instead (`model/attention.py`'s gather path, F.rms_norm, torch.argmax; same results up to
+float rounding).
 
-Both go into one library, built for this CPU (-march=native) into the cache directory and named by a
+All go into one library, built for this CPU (-march=native) into the cache directory and named by a
 hash of the sources, the flags and the CPU, so an edited source or another machine sharing the cache
 rebuilds.
 """
@@ -36,7 +37,7 @@ SOURCES = sorted(Path(__file__).parent.glob("*.c"))
 COMPILE = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-c"]
 LINK = ["-shared", "-fopenmp", "-lmvec", "-lm"]
 DTYPES = {torch.bfloat16: "bf16", torch.float32: "f32"}
-PROFILER_NAME = "specserve::short_attention"
+PROFILER_PREFIX = "specserve::"
 
 
 def _cpu_id() -> str:
@@ -89,7 +90,15 @@ def _library() -> ctypes.CDLL | None:
         fn.restype = None
         fn.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 2 + [ctypes.c_int32] * 2 + [
             ctypes.c_float, ctypes.c_int32]
+    lib.argmax_rows_f32.restype = None
+    lib.argmax_rows_f32.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32,
+                                    ctypes.c_void_p, ctypes.c_int32]
     return lib
+
+
+def _profiler_range(name: str):
+    """Names a kernel call in torch.profiler's tables, but only while it records (~7 us a call otherwise)."""
+    return torch.profiler.record_function(PROFILER_PREFIX + name) if torch.autograd._profiler_enabled() else nullcontext()
 
 
 def short_attention_supported(dtype: torch.dtype, device: torch.device) -> bool:
@@ -110,8 +119,7 @@ def short_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     assert q.stride(2) == 1 and q.stride(1) == head_dim and out.is_contiguous() and k_cache.is_contiguous()
     assert v_cache.is_contiguous() and seqs.is_contiguous() and block_tables.is_contiguous()
     fn = getattr(_library(), f"paged_attention_short_{DTYPES[q.dtype]}")
-    # Named in torch.profiler's tables, but only while it records: the range costs ~7 us a call otherwise.
-    with torch.profiler.record_function(PROFILER_NAME) if torch.autograd._profiler_enabled() else nullcontext():
+    with _profiler_range("short_attention"):
         status = fn(q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
                     seqs[0].data_ptr(), seqs[1].data_ptr(), seqs[2].data_ptr(), block_tables.data_ptr(),
                     block_tables.shape[1], seqs.shape[1], q.shape[1], num_kv_heads, head_dim, block_size,
@@ -131,7 +139,21 @@ def rms_norm_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x: [N, dim] (unit stride along dim); weight: [dim]. Returns weight * dtype(x / rms(x)), [N, dim]."""
     out = torch.empty(x.shape, dtype=x.dtype)
-    getattr(_library(), f"rms_norm_{DTYPES[x.dtype]}")(
-        x.data_ptr(), x.stride(0), weight.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], eps,
-        torch.get_num_threads())
+    with _profiler_range("rms_norm"):
+        getattr(_library(), f"rms_norm_{DTYPES[x.dtype]}")(
+            x.data_ptr(), x.stride(0), weight.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], eps,
+            torch.get_num_threads())
+    return out
+
+
+def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
+    """logits: [N, V] -> [N] int64, the first index of each row's maximum (torch.argmax where the kernel
+    cannot run: not float32 on the CPU, or no library)."""
+    if not (logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.dim() == 2
+            and logits.stride(1) == 1 and logits.shape[1] > 0 and _library() is not None):
+        return logits.argmax(dim=-1)
+    out = torch.empty(logits.shape[0], dtype=torch.long)
+    with _profiler_range("argmax"):
+        _library().argmax_rows_f32(logits.data_ptr(), logits.stride(0), logits.shape[0], logits.shape[1],
+                                   out.data_ptr(), torch.get_num_threads())
     return out
