@@ -5,6 +5,7 @@ import math
 
 import torch
 
+from specserve.model import kernels
 from specserve.model.config import ModelConfig
 
 
@@ -38,6 +39,9 @@ def rope_table(config: ModelConfig, max_positions: int, device=None) -> torch.Te
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: [T, heads, head_dim]; cos, sin: [T, 1, head_dim // 2] (float32)."""
+    out = kernels.rope(x, cos, sin)  # the same arithmetic in one C call (CPU, no autograd), else None
+    if out is not None:
+        return out
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half].float(), x[..., half:].float()
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)

@@ -146,3 +146,27 @@ def test_argmax_rows_matches_torch_first_index_on_ties(rows, cols):
     assert torch.equal(argmax_rows(logits), logits.argmax(dim=-1))
     assert argmax_rows(logits)[0].item() == cols // 2
     assert torch.equal(argmax_rows(logits.bfloat16()), logits.bfloat16().argmax(dim=-1))  # torch path
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tokens", [1, 300])  # 300: the threaded branch
+def test_rope_matches_the_torch_ops(dtype, tokens):
+    from specserve.model import rope as rope_module
+    torch.manual_seed(0)
+    heads, kv_heads, D = 6, 2, 64
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * D).to(dtype)
+    x = qkv[:, :(heads + kv_heads) * D].reshape(tokens, heads + kv_heads, D)  # as the layer hands it over
+    cos_sin = torch.randn(tokens, 2, D // 2)
+    cos, sin = cos_sin[:, 0, None], cos_sin[:, 1, None]
+    with torch.no_grad():
+        got = kernels.rope(x, cos, sin)
+        half = D // 2
+        x1, x2 = x[..., :half].float(), x[..., half:].float()
+        want = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(dtype)
+        assert torch.equal(rope_module.apply_rope(x, cos, sin), got)  # apply_rope takes the kernel
+    assert got.is_contiguous() and got.shape == x.shape
+    # Within a few units in the last place of the products' size (the kernel may fuse a multiply-add).
+    ulp = 2.0 ** (-23 if dtype == torch.float32 else -8)
+    scale = torch.cat([(x1 * cos).abs() + (x2 * sin).abs(), (x2 * cos).abs() + (x1 * sin).abs()], dim=-1)
+    assert ((got.float() - want.float()).abs() <= 2 * ulp * scale).all()
+    assert kernels.rope(x.detach().requires_grad_(), cos, sin) is None  # autograd: the torch ops

@@ -1,10 +1,10 @@
 """CPU kernels in plain C, compiled on first use with the system's C compiler and loaded with ctypes.
 
-Three kernels: attention of short queries over the paged KV cache (`paged_attention.c`), RMSNorm
-(`rms_norm.c`) and the greedy argmax of logit rows (`argmax.c`). They are optimisations only: without a
-compiler, on other devices or dtypes, with autograd recording, or with SPECSERVE_CPU_KERNELS=0, torch
-ops run instead (`model/attention.py`'s gather path, F.rms_norm, torch.argmax; same results up to
-float rounding).
+Kernels: attention of short queries over the paged KV cache (`paged_attention.c`), RMSNorm
+(`rms_norm.c`), rotary embedding (`rope.c`), the greedy argmax of logit rows (`argmax.c`). They are
+optimisations only: without a compiler, on other devices or dtypes, with autograd recording, or with
+SPECSERVE_CPU_KERNELS=0, torch ops run instead (`model/attention.py`'s gather path, F.rms_norm,
+`rope.apply_rope`'s ops, torch.argmax; same results up to float rounding).
 
 All go into one library, built for this CPU (-march=native) into the cache directory and named by a
 hash of the sources, the flags and the CPU, so an edited source or another machine sharing the cache
@@ -31,6 +31,7 @@ from specserve.model.registry import cache_dir
 log = logging.getLogger("specserve.kernels")
 
 SOURCES = sorted(Path(__file__).parent.glob("*.c"))
+HEADERS = sorted(Path(__file__).parent.glob("*.h"))
 # -ffast-math lets gcc vectorise the reductions and call glibc's vector expf (libmvec). It is given to
 # the compile step only: linked with it, gcc adds a constructor that turns on flush-to-zero for the
 # whole process on load, which would change torch's own arithmetic.
@@ -51,7 +52,7 @@ def _cpu_id() -> str:
 
 
 def _build(compiler: str) -> Path:
-    key = hashlib.sha256(b"".join(src.read_bytes() for src in SOURCES)
+    key = hashlib.sha256(b"".join(src.read_bytes() for src in SOURCES + HEADERS)
                          + " ".join([compiler, *COMPILE, *LINK, _cpu_id()]).encode())
     target = cache_dir() / "kernels" / f"specserve-kernels-{key.hexdigest()[:16]}.so"
     if target.exists():
@@ -90,6 +91,10 @@ def _library() -> ctypes.CDLL | None:
         fn.restype = None
         fn.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 2 + [ctypes.c_int32] * 2 + [
             ctypes.c_float, ctypes.c_int32]
+        fn = getattr(lib, f"rope_{suffix}")
+        fn.restype = None
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 2 + [ctypes.c_int64, ctypes.c_void_p] + [
+            ctypes.c_int32] * 4
     lib.argmax_rows_f32.restype = None
     lib.argmax_rows_f32.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32,
                                     ctypes.c_void_p, ctypes.c_int32]
@@ -128,12 +133,17 @@ def short_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         raise MemoryError("attention kernel: out of memory for its scratch buffers")
 
 
-def rms_norm_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `rms_norm` can run: CPU, bf16 or float32, rows with unit stride, nothing for autograd."""
-    return (x.device.type == "cpu" and x.dtype in DTYPES and weight.dtype == x.dtype and x.dim() == 2
-            and x.stride(1) == 1 and weight.is_contiguous()
-            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+def _inference_cpu(*tensors: torch.Tensor) -> bool:
+    """CPU tensors of one supported dtype, nothing for autograd to record, and the library built."""
+    dtype = tensors[0].dtype
+    return (all(t.device.type == "cpu" and t.dtype == dtype for t in tensors) and dtype in DTYPES
+            and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
             and _library() is not None)
+
+
+def rms_norm_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `rms_norm` can run: rows with unit stride, a contiguous weight, `_inference_cpu`."""
+    return x.dim() == 2 and x.stride(1) == 1 and weight.is_contiguous() and _inference_cpu(x, weight)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -143,6 +153,24 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         getattr(_library(), f"rms_norm_{DTYPES[x.dtype]}")(
             x.data_ptr(), x.stride(0), weight.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], eps,
             torch.get_num_threads())
+    return out
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor | None:
+    """Rotate-half rope of x [T, heads, D] (heads contiguous inside a token) with cos, sin [T, 1, D/2]
+    float32 (unit stride inside a token). Returns a new contiguous [T, heads, D], or None where the
+    kernel cannot run (the caller then uses torch ops)."""
+    if not (x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == x.shape[2] and _inference_cpu(x)
+            and cos.shape == sin.shape == (x.shape[0], 1, x.shape[2] // 2)
+            and cos.dtype == sin.dtype == torch.float32 and cos.device.type == sin.device.type == "cpu"
+            and cos.stride(-1) == sin.stride(-1) == 1 and cos.stride(0) == sin.stride(0)
+            and not (cos.requires_grad or sin.requires_grad)):
+        return None
+    out = torch.empty(x.shape, dtype=x.dtype)
+    with _profiler_range("rope"):
+        getattr(_library(), f"rope_{DTYPES[x.dtype]}")(
+            x.data_ptr(), x.stride(0), cos.data_ptr(), sin.data_ptr(), cos.stride(0), out.data_ptr(),
+            x.shape[0], x.shape[1], x.shape[2], torch.get_num_threads())
     return out
 
 
