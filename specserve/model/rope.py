@@ -39,9 +39,8 @@ def rope_table(config: ModelConfig, max_positions: int, device=None) -> torch.Te
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: [T, heads, head_dim]; cos, sin: [T, 1, head_dim // 2] (float32)."""
-    out = kernels.rope(x, cos, sin)  # the same arithmetic in one C call (CPU, no autograd), else None
-    if out is not None:
-        return out
+    if kernels.rope_supported(x, cos, sin):  # the same arithmetic in one C call (CPU, no autograd)
+        return kernels.rope(x, cos, sin)
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half].float(), x[..., half:].float()
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)

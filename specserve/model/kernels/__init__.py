@@ -74,7 +74,7 @@ def _library() -> ctypes.CDLL | None:
         return None
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
-        log.warning("no C compiler found: attention and RMSNorm run on torch ops (slower decode steps)")
+        log.warning("no C compiler found: attention, RMSNorm, rope and argmax run on torch ops (slower steps)")
         return None
     try:
         lib = ctypes.CDLL(str(_build(compiler)))
@@ -156,16 +156,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return out
 
 
-def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor | None:
-    """Rotate-half rope of x [T, heads, D] (heads contiguous inside a token) with cos, sin [T, 1, D/2]
-    float32 (unit stride inside a token). Returns a new contiguous [T, heads, D], or None where the
-    kernel cannot run (the caller then uses torch ops)."""
-    if not (x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == x.shape[2] and _inference_cpu(x)
+def rope_supported(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    """Whether `rope` can run: x [T, heads, D] with heads contiguous inside a token, cos and sin
+    [T, 1, D/2] float32 with unit stride inside a token, `_inference_cpu`."""
+    return (x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == x.shape[2] and _inference_cpu(x)
             and cos.shape == sin.shape == (x.shape[0], 1, x.shape[2] // 2)
             and cos.dtype == sin.dtype == torch.float32 and cos.device.type == sin.device.type == "cpu"
             and cos.stride(-1) == sin.stride(-1) == 1 and cos.stride(0) == sin.stride(0)
-            and not (cos.requires_grad or sin.requires_grad)):
-        return None
+            and not (torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad)))
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half rope of x [T, heads, D] with cos, sin [T, 1, D/2]: a new contiguous [T, heads, D]."""
     out = torch.empty(x.shape, dtype=x.dtype)
     with _profiler_range("rope"):
         getattr(_library(), f"rope_{DTYPES[x.dtype]}")(
