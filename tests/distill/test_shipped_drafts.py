@@ -33,7 +33,7 @@ def test_default_resolves_to_a_shipped_draft_and_the_environment_chooses(monkeyp
 def test_default_draft_speculates_for_smollm2(smollm2_dir):
     """Float32: in bf16 the target's GEMMs may round a row differently when a step carries 1 or k+1 rows of
     a sequence (oneDNN picks kernels by row count), which can flip a near-tied argmax; see the README's
-    note on losslessness. On this prompt that happens at the 7th token in bf16."""
+    note on losslessness. On this prompt that happened at the 7th token in bf16 with an earlier build."""
     from specserve import LLM, SamplingParams
     params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
     llm = LLM(model=str(smollm2_dir), dtype="float32",
