@@ -2,8 +2,9 @@
 
 Systems (each run in its own subprocess, so peak RSS is its own; runs interleaved A/B/C, medians):
   specserve       continuous batching, paged KV cache (max_num_seqs = --batch-size)
-  specserve-torch-ops  the same with SPECSERVE_CPU_KERNELS=0: decode attention (gather + matmuls) and
-                  RMSNorm through torch ops instead of the C kernels, to show what the kernels are worth
+  specserve-torch-ops  the same with SPECSERVE_CPU_KERNELS=0: decode attention (gather + matmuls),
+                  RMSNorm, rope and argmax through torch ops instead of the C kernels, to show what the
+                  kernels are worth
   hf-static       transformers generate() on static left-padded batches of --batch-size
   hf-sequential   transformers generate() one prompt at a time (on --sequential-prompts of them)
 Each system's time is also split into prefill (steps that carry prompt tokens; for transformers, prompt to

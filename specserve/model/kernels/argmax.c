@@ -1,7 +1,7 @@
 /* Row-wise argmax of float32 logits: out[r] = the first index of row r's largest value.
  *
- * Why not torch: torch.argmax over [32, 49152] float32 takes ~1.4 ms here (about 4 GB/s), 2% of a
- * 32-request decode step. Two vector passes per row (the max, then its first index) run ~10x faster.
+ * Why not torch: torch.argmax over [32, 49152] float32 takes 0.8-1.4 ms here, 1-2% of a 32-request
+ * decode step. Two vector passes per row (the max, then its first index) take 0.2 ms.
  * NaN is not handled (-ffast-math): logits holding NaN have no meaningful argmax anyway. */
 #include <stdint.h>
 

@@ -48,6 +48,28 @@ static float softmax_in_place(float *x, int len) {
     return part[0];
 }
 
+/* The first key a query at position pos may see (all keys, or the last `window` of them). */
+static inline int first_visible(int pos, int window) {
+    return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+}
+
+/* Keys [lo, hi) that any of a sequence's rows (positions first_pos .. ctx - 1) may see, widened to
+ * whole aligned groups of `group` keys. */
+static inline void key_range(int first_pos, int ctx, int window, int group, int *lo, int *hi) {
+    *lo = first_visible(first_pos, window) / group * group;
+    *hi = (ctx + group - 1) / group * group;
+}
+
+/* row: the scores of the query at position pos against keys lo .. lo + n - 1. Leaves its softmax
+ * weights over the keys it may see, 0 elsewhere; returns the sum of the exponentials. */
+static float weights_in_place(float *row, int lo, int n, int pos, int window) {
+    const int first = first_visible(pos, window);
+    const float total = softmax_in_place(row + (first - lo), pos - first + 1);
+    for (int j = 0; j < first - lo; j++) row[j] = 0.f;
+    for (int j = pos + 1 - lo; j < n; j++) row[j] = 0.f;
+    return total;
+}
+
 /* ---- bf16 with AVX512-BF16 (vdpbf16ps: pairs of bf16 products summed into float32) ----
  * A 30-layer step's keys and values fit in no cache, so reading them is the floor. The portable loop
  * below stalls on each load and then spends as long again converting bf16 to float32; this path feeds
@@ -94,10 +116,9 @@ static int attend_bf16_fast(const uint16_t *q, int64_t q_stride, const uint16_t 
                             uint16_t *out, int start, int ql, int ctx, const int32_t *table, int H, int Hkv,
                             int D, int block_size, float scale, int window, int g) {
     const int per_kv = H / Hkv, rows = ql * per_kv, first_pos = ctx - ql, vecs = D / 32;
-    int lo = 0; /* first key any row may see, rounded down to a group */
-    if (window > 0 && first_pos - window + 1 > 0) lo = first_pos - window + 1;
-    lo -= lo % GROUP;
-    const int hi = (ctx + GROUP - 1) / GROUP * GROUP, n = hi - lo;
+    int lo, hi;
+    key_range(first_pos, ctx, window, GROUP, &lo, &hi);
+    const int n = hi - lo;
     const size_t row_floats = ((size_t)n + 15) / 16 * 16;
     float *buf = aligned_alloc(64, sizeof(float) * (size_t)rows * (row_floats + D + 16));
     if (buf == NULL) return -1;
@@ -125,13 +146,9 @@ static int attend_bf16_fast(const uint16_t *q, int64_t q_stride, const uint16_t 
         }
     }
     for (int j = lo; j < lo + PREFETCH; j += GROUP) PREFETCH_GROUP(vc, j);
-    for (int r = 0; r < rows; r++) { /* softmax; then the weights as bf16 pairs, in place */
-        const int pos = first_pos + r / per_kv;
-        const int first = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+    for (int r = 0; r < rows; r++) { /* weights; then as bf16 pairs, in place */
         float *row = sc + (size_t)r * row_floats;
-        total[r] = softmax_in_place(row + (first - lo), pos - first + 1);
-        for (int j = 0; j < first - lo; j++) row[j] = 0.f;
-        for (int j = pos + 1 - lo; j < n; j++) row[j] = 0.f;
+        total[r] = weights_in_place(row, lo, n, first_pos + r / per_kv, window);
         uint32_t *pairs = (uint32_t *)row; /* pair i overwrites float i, read from floats 2i, 2i + 1 */
         for (int i = 0; i < n / 2; i++)
             pairs[i] = f32_to_bf16(row[2 * i]) | (uint32_t)f32_to_bf16(row[2 * i + 1]) << 16;
@@ -177,14 +194,14 @@ static int attend_bf16_fast(const uint16_t *q, int64_t q_stride, const uint16_t 
 
 /* ---- the portable loop: float32 arithmetic, bf16 or float32 caches ---- */
 
-#define DEFINE_KERNEL(NAME, T, SUFFIX, FAST)                                                                \
+#define DEFINE_KERNEL(NAME, T, SUFFIX, FAST)                                                               \
 int NAME(const T *q, int64_t q_stride, const T *kc, const T *vc, T *out, const int32_t *seq_start,        \
-         const int32_t *seq_qlen, const int32_t *seq_ctx, const int32_t *tables, int32_t table_stride,      \
+         const int32_t *seq_qlen, const int32_t *seq_ctx, const int32_t *tables, int32_t table_stride,     \
          int32_t num_seqs, int32_t H, int32_t Hkv, int32_t D, int32_t block_size, float scale,             \
          int32_t window, int32_t num_threads) {                                                            \
     const int per_kv = H / Hkv;                                                                            \
     /* Keys go in aligned groups of GROUP, always whole (reading cache slots past the context inside the  \
-     * last block; their weights are 0): then every key takes the same arithmetic path wherever the      \
+     * last block; their weights are 0): then every key takes the same arithmetic path wherever the        \
      * context ends, and a query's output is the same in a decode and in a longer verify (lossless SD). */ \
     const int group = block_size % GROUP == 0 ? GROUP : 1;                                                 \
     int failed = 0;                                                                                        \
@@ -201,10 +218,9 @@ int NAME(const T *q, int64_t q_stride, const T *kc, const T *vc, T *out, const i
             }                                                                                              \
             const int ql = seq_qlen[s], ctx = seq_ctx[s], rows = ql * per_kv;                              \
             const int first_pos = ctx - ql;                                                                \
-            int lo = 0; /* first key any row may see, rounded down to a group */                           \
-            if (window > 0 && first_pos - window + 1 > 0) lo = first_pos - window + 1;                     \
-            lo -= lo % group;                                                                              \
-            const int hi = (ctx + group - 1) / group * group, n = hi - lo;                                 \
+            int lo, hi;                                                                                    \
+            key_range(first_pos, ctx, window, group, &lo, &hi);                                            \
+            const int n = hi - lo;                                                                         \
             /* 64-byte aligned rows (D is a multiple of 16 in every supported model): vector loops then   \
              * split the same way in every call, so the rounding does not depend on where malloc put us. */ \
             const size_t row_floats = ((size_t)n + 15) / 16 * 16;                                          \
@@ -217,7 +233,7 @@ int NAME(const T *q, int64_t q_stride, const T *kc, const T *vc, T *out, const i
             for (int r = 0; r < rows; r++) {                                                               \
                 const T *qp = q + (int64_t)(seq_start[s] + r / per_kv) * q_stride                          \
                               + (int64_t)(g * per_kv + r % per_kv) * D;                                    \
-                for (int d = 0; d < D; d++) qf[r * D + d] = LOAD_##SUFFIX(qp, d) * scale;                   \
+                for (int d = 0; d < D; d++) qf[r * D + d] = LOAD_##SUFFIX(qp, d) * scale;                  \
             }                                                                                              \
             for (int j = lo; j < hi; j += group) { /* scores: each key read once for all rows */           \
                 const int32_t block = tables[(int64_t)s * table_stride + j / block_size];                  \
@@ -243,14 +259,9 @@ int NAME(const T *q, int64_t q_stride, const T *kc, const T *vc, T *out, const i
                     }                                                                                      \
                 }                                                                                          \
             }                                                                                              \
-            for (int r = 0; r < rows; r++) { /* softmax over the row's own keys; weight 0 elsewhere */     \
-                const int pos = first_pos + r / per_kv;                                                    \
-                const int first = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;               \
-                float *row = sc + (size_t)r * row_floats;                                                  \
-                total[r] = softmax_in_place(row + (first - lo), pos - first + 1);                          \
-                for (int j = 0; j < first - lo; j++) row[j] = 0.f;                                         \
-                for (int j = pos + 1 - lo; j < n; j++) row[j] = 0.f;                                       \
-            }                                                                                              \
+            for (int r = 0; r < rows; r++)                                                                 \
+                total[r] = weights_in_place(sc + (size_t)r * row_floats, lo, n, first_pos + r / per_kv,    \
+                                            window);                                                       \
             memset(acc, 0, sizeof(float) * (size_t)rows * D);                                              \
             for (int j = lo; j < hi; j += group) { /* values: each read once for all rows */               \
                 const int32_t block = tables[(int64_t)s * table_stride + j / block_size];                  \

@@ -2,8 +2,9 @@
  * input's dtype, multiply by the weight in that dtype: out = w * dtype(x / sqrt(mean(x^2) + eps)).
  *
  * Why not torch ops: F.rms_norm on a [32, 576] bf16 batch is ~8 small ops (casts, pow, mean, rsqrt,
- * mul) plus the weight's mul, ~80 us of dispatch for a few microseconds of arithmetic, twice per layer
- * per step: 7% of a 32-request decode step. One call here does a row in one pass over it.
+ * mul) plus the weight's mul, mostly dispatch for a few microseconds of arithmetic, twice per layer per
+ * step (measured here: 31 vs 16 us a call; decode steps 2% shorter at batch 32, 7% at batch 1). One
+ * call here does a row in one pass over it.
  *
  * Shapes: x [rows, dim] with row stride x_stride (elements), w [dim], out [rows, dim] contiguous.
  * Each row is computed alone, in the same order whatever the number of rows (batch invariant). */
