@@ -21,7 +21,6 @@ import torch
 import torch.nn.functional as F
 
 from specserve.distill.student import causal_forward, init_small
-from specserve.distill.teacher import loss_positions
 from specserve.model.config import ModelConfig
 from specserve.model.llama import LlamaModel
 
@@ -82,7 +81,7 @@ class EagleObjective:
 
     def loss(self, model: LlamaModel, batch: dict) -> tuple[torch.Tensor, dict]:
         tokens = batch["tokens"].long()
-        valid = loss_positions(batch)
+        valid = tokens >= 0
         ids, f = tokens.clamp_min(0), batch["features"].float()
         prev = previous_features(f)
         prev = prev + (torch.rand_like(prev) * 2 - 1) * self.noise * (prev != 0)
@@ -105,10 +104,9 @@ class EagleObjective:
         model.eval()
         hits, total = [0, 0], 0
         shard = self.eval_shard
-        counted = loss_positions(shard)
         for start in range(0, len(shard["tokens"]), 8):
             tok = shard["tokens"][start:start + 8].long()
-            valid = counted[start:start + 8]
+            valid = tok >= 0
             f = shard["features"][start:start + 8].float()
             for i, out in enumerate(two_passes(model, tok.clamp_min(0), previous_features(f))):
                 pred = model.lm_head(out).argmax(-1)

@@ -8,7 +8,6 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -60,16 +59,8 @@ def _git_revision() -> str | None:
     return (rev + (" (with uncommitted changes)" if dirty else "")) if rev else None
 
 
-class Data(NamedTuple):
-    train: np.ndarray        # [N, T] training windows (shuffled)
-    train_from: np.ndarray   # [N] first position whose token the loss counts (a chat reply's start; 0 for text)
-    eval: np.ndarray         # [M, T] held-out windows
-    eval_from: np.ndarray    # [M]
-    stream: np.ndarray       # the training tokens the loss counts, for the draft vocabulary's counts
-
-
-def build_data(cfg: DistillConfig, target, log) -> Data:
-    """The training and held-out windows of the corpus (see `Data`)."""
+def build_data(cfg: DistillConfig, target, log) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Training windows (shuffled), held-out windows and the token stream used for vocabulary counts."""
     tok, eos = target.tokenizer, target.tokenizer.eos_token_ids[0]
     rng = np.random.default_rng(cfg.train.seed)
     kind = cfg.corpus[0] if cfg.corpus[0] in ("code", "chat") else "files"
@@ -78,14 +69,11 @@ def build_data(cfg: DistillConfig, target, log) -> Data:
         max_prompt = window - cfg.max_reply_tokens
         train_prompts = corpus.sharegpt_prompts("train")[:cfg.chat_prompts]
         eval_prompts = corpus.sharegpt_prompts("eval")[:cfg.eval_windows]
-        samples = corpus_chat(cfg, tok, train_prompts + eval_prompts, max_prompt, log)
-        seqs = [ids for ids, _ in samples]
-        starts = np.asarray([n for _, n in samples], dtype=np.int32)
-        train_w = corpus.sample_windows(seqs[:len(train_prompts)], window, PAD)
-        eval_w = corpus.sample_windows(seqs[len(train_prompts):], window, PAD)
-        train_from, eval_from = starts[:len(train_prompts)], starts[len(train_prompts):]
-        # The draft vocabulary is what the draft must propose: the target's replies, not the users' prompts.
-        stream = np.concatenate([ids[n:] for ids, n in samples[:len(train_prompts)]])
+        samples = corpus_chat(cfg, train_prompts + eval_prompts, max_prompt, log)
+        train_seqs, eval_seqs = samples[:len(train_prompts)], samples[len(train_prompts):]
+        train_w = corpus.sample_windows(train_seqs, window, PAD)
+        eval_w = corpus.sample_windows(eval_seqs, window, PAD)
+        stream = np.concatenate(train_seqs)
     else:
         window = cfg.window or 320
         if kind == "code":
@@ -111,28 +99,27 @@ def build_data(cfg: DistillConfig, target, log) -> Data:
         eval_w = corpus.stream_windows(corpus.token_stream(tok, eval_texts, eos), window)
         log(f"tokenized {len(train_texts)} training texts: {len(stream):,} tokens, {len(train_w):,} windows "
             f"of {window} ({time.perf_counter() - t0:.0f}s)")
-        train_from, eval_from = np.zeros(len(train_w), np.int32), np.zeros(len(eval_w), np.int32)
     if len(train_w) == 0 or len(eval_w) == 0:
         raise SpecServeError(f"corpus too small for a {window}-token training window and a held-out window")
-    order, eval_order = rng.permutation(len(train_w))[:cfg.train_windows], rng.permutation(len(eval_w))[:cfg.eval_windows]
-    return Data(train_w[order], train_from[order], eval_w[eval_order], eval_from[eval_order], stream)
+    train_w = train_w[rng.permutation(len(train_w))][:cfg.train_windows]
+    eval_w = eval_w[rng.permutation(len(eval_w))[:cfg.eval_windows]]
+    return train_w, eval_w, stream
 
 
-def _eval_shard(path: Path, eval_w: np.ndarray, eval_from: np.ndarray, make) -> dict:
+def _eval_shard(path: Path, eval_w: np.ndarray, make) -> dict:
     """The held-out windows' teacher outputs, cached next to the training shards."""
     from safetensors.torch import load_file, save_file
     if path.exists() and np.array_equal(load_file(str(path))["tokens"].numpy(), eval_w):
-        shard = load_file(str(path))
-    else:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        shard = make(eval_w)
-        save_file(shard, str(path))
-    return {**shard, "loss_from": torch.from_numpy(eval_from)}
+        return load_file(str(path))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    shard = make(eval_w)
+    save_file(shard, str(path))
+    return shard
 
 
-def corpus_chat(cfg: DistillConfig, tokenizer, prompts: list[str], max_prompt: int, log) -> list[tuple[np.ndarray, int]]:
+def corpus_chat(cfg: DistillConfig, prompts: list[str], max_prompt: int, log) -> list[np.ndarray]:
     from specserve.distill.chatgen import chat_samples
-    return chat_samples(cfg.target, tokenizer, prompts, cfg.work / "chat_samples.jsonl", max_prompt,
+    return chat_samples(cfg.target, prompts, cfg.work / "chat_samples.jsonl", max_prompt,
                         cfg.max_reply_tokens, log=log)
 
 
@@ -149,13 +136,12 @@ def run(cfg: DistillConfig, log=print, progress_cb=None) -> dict:
     if cfg.resume and meta_path.exists() and json.loads(meta_path.read_text())["tokenizer"] != fingerprint:
         raise SpecServeError(f"cannot resume {cfg.work}: it was distilled for a target with a different "
                              f"tokenizer than {cfg.target}")
-    data = build_data(cfg, target, log)
-    train_w, eval_w, stream = data.train, data.eval, data.stream
+    train_w, eval_w, stream = build_data(cfg, target, log)
     vocab_map = None
     if cfg.draft_vocab and cfg.draft_vocab < target.config.vocab_size:
         must = list(target.tokenizer.eos_token_ids) + [t for t in (target.config.bos_token_id,) if t is not None]
         vocab_map = corpus.frequent_vocab(stream, cfg.draft_vocab, target.config.vocab_size, must)
-    eval_stream = np.concatenate([w[n:][w[n:] >= 0] for w, n in zip(eval_w, data.eval_from)])
+    eval_stream = eval_w[eval_w >= 0]
     cov = {"train": round(corpus.coverage(stream, vocab_map), 4),
            "heldout": round(corpus.coverage(eval_stream, vocab_map), 4)}
     log(f"draft vocabulary: {len(vocab_map) if vocab_map else target.config.vocab_size} tokens, corpus coverage "
@@ -168,13 +154,13 @@ def run(cfg: DistillConfig, log=print, progress_cb=None) -> dict:
         dcfg = eagle_config(target.config, cfg.layers, len(vocab_map) if vocab_map else None)
         student = init_eagle(teacher, dcfg, vm, cfg.train.seed)  # reads the served (bf16) embedding and head
         cache = TeacherCache(cfg.work / "features", lambda rows: teach_features(teacher, rows), train_w,
-                             cfg.shard_windows, data.train_from)
+                             cfg.shard_windows)
 
         def eval_features(windows):
             shard = teach_features(teacher, windows)
             return {**shard, "argmax": target_argmax(teacher, shard)}
 
-        eval_shard = _eval_shard(cfg.work / "features" / "eval.safetensors", eval_w, data.eval_from, eval_features)
+        eval_shard = _eval_shard(cfg.work / "features" / "eval.safetensors", eval_w, eval_features)
         objective = EagleObjective(eval_shard)
     else:
         dcfg = draft_config(target.config, cfg.layers, cfg.hidden, len(vocab_map) if vocab_map else None,
@@ -182,8 +168,8 @@ def run(cfg: DistillConfig, log=print, progress_cb=None) -> dict:
         student = init_student(target.model, dcfg, vm, cfg.train.seed)
         teacher = target.model.to(torch.bfloat16)
         cache = TeacherCache(cfg.work / "teacher", lambda rows: teach(teacher, rows, cfg.topk), train_w,
-                             cfg.shard_windows, data.train_from)
-        eval_shard = _eval_shard(cfg.work / "teacher" / "eval.safetensors", eval_w, data.eval_from,
+                             cfg.shard_windows)
+        eval_shard = _eval_shard(cfg.work / "teacher" / "eval.safetensors", eval_w,
                                  lambda w: teach(teacher, w, cfg.topk))
         objective = DistillObjective(eval_shard, target.config.vocab_size, vm, cfg.train.ce_weight)
     prep_seconds = time.perf_counter() - t_start

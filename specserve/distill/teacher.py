@@ -21,18 +21,6 @@ PAD = -1  # token id of padding in a window; masked out of teaching and of the l
 CACHE_KEYS = ("tokens", "topk_ids", "topk_logits", "lse")
 
 
-def loss_positions(shard: dict) -> torch.Tensor:
-    """[N, T] bool: the positions the loss and the held-out agreement count. Position t predicts token t + 1, so
-    with "loss_from" [N] (a chat reply's first position) the last prompt position counts and earlier ones only
-    serve as context; padding never counts."""
-    tokens = shard["tokens"]
-    valid = tokens >= 0
-    if "loss_from" in shard:
-        t = torch.arange(tokens.shape[1], device=tokens.device)
-        valid = valid & (t[None, :] >= shard["loss_from"][:, None].long() - 1)
-    return valid
-
-
 @torch.no_grad()
 def teach(target, windows: np.ndarray, k: int, chunk: int = 16) -> dict[str, torch.Tensor]:
     """windows [N, T] int32 (PAD allowed at the end of a row) -> the cache entries for them:
@@ -73,12 +61,10 @@ def teach_features(target, windows: np.ndarray, chunk: int = 16) -> dict[str, to
 
 class TeacherCache:
     """Shard i holds the teacher's outputs for windows [i * shard_size, (i + 1) * shard_size):
-    `teach_fn(rows)` -> dict with at least "tokens" (e.g. `teach` or `teach_features` bound to a target).
-    With `loss_from` [N] (see `loss_positions`), each shard served carries its windows' entries."""
+    `teach_fn(rows)` -> dict with at least "tokens" (e.g. `teach` or `teach_features` bound to a target)."""
 
-    def __init__(self, root: Path, teach_fn, windows: np.ndarray, shard_size: int,
-                 loss_from: np.ndarray | None = None):
-        self.root, self.teach_fn, self.windows, self.loss_from = Path(root), teach_fn, windows, loss_from
+    def __init__(self, root: Path, teach_fn, windows: np.ndarray, shard_size: int):
+        self.root, self.teach_fn, self.windows = Path(root), teach_fn, windows
         self.shard_size = shard_size
         self.root.mkdir(parents=True, exist_ok=True)
         self.num_shards = max(1, len(windows) // shard_size)
@@ -90,14 +76,12 @@ class TeacherCache:
 
     def get(self, i: int) -> dict[str, torch.Tensor]:
         i %= self.num_shards
-        span = slice(i * self.shard_size, (i + 1) * self.shard_size)
-        rows = self.windows[span]
-        extra = {} if self.loss_from is None else {"loss_from": torch.from_numpy(self.loss_from[span])}
+        rows = self.windows[i * self.shard_size:(i + 1) * self.shard_size]
         path = self.path(i)
         if path.exists():
             shard = load_file(str(path))
             if shard["tokens"].shape == rows.shape and np.array_equal(shard["tokens"].numpy(), rows):
-                return {**shard, **extra}
+                return shard
         t0 = time.perf_counter()
         shard = self.teach_fn(rows)
         self.seconds_teaching += time.perf_counter() - t0
@@ -105,4 +89,4 @@ class TeacherCache:
         tmp = path.with_suffix(".tmp")
         save_file(shard, str(tmp))
         tmp.replace(path)  # never leave a half-written shard behind for a resumed run
-        return {**shard, **extra}
+        return shard

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from specserve.distill.student import causal_forward
-from specserve.distill.teacher import PAD, TeacherCache, loss_positions
+from specserve.distill.teacher import PAD, TeacherCache
 
 
 @dataclass
@@ -39,7 +39,7 @@ def distill_loss(logits: torch.Tensor, shard: dict, to_draft: torch.Tensor,
     top-k probabilities are restricted to the draft's vocabulary and renormalised (a draft that cannot
     propose a token cannot be taught it); KL on that, plus CE on the target's argmax where it is kept."""
     logq = F.log_softmax(logits.float(), dim=-1)
-    valid = loss_positions(shard)
+    valid = shard["tokens"] >= 0
     ids = to_draft[shard["topk_ids"].long()]                       # [B, T, k], -1 outside the draft vocab
     kept = ids >= 0
     logp = shard["topk_logits"].float() - shard["lse"][..., None]
@@ -63,14 +63,13 @@ def agreement(model, shard: dict, vocab_map: torch.Tensor | None) -> float:
     """Held-out top-1 agreement: how often the draft's argmax (as a target id) is the target's argmax."""
     model.eval()
     hits = total = 0
-    counted = loss_positions(shard)
     for start in range(0, len(shard["tokens"]), 8):
         tok = shard["tokens"][start:start + 8].long()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=tok.device.type == "cpu"):
             pred = model.lm_head(causal_forward(model, tok.clamp_min(0))).argmax(-1)
         if vocab_map is not None:
             pred = vocab_map[pred]
-        valid = counted[start:start + 8]
+        valid = tok >= 0
         hits += int(((pred == shard["topk_ids"][start:start + 8, :, 0].long()) & valid).sum())
         total += int(valid.sum())
     model.train()

@@ -1,11 +1,10 @@
 """The data pipeline: held-out split, windows, draft vocabulary and coverage, teacher top-k cache format."""
 import numpy as np
-import pytest
 import torch
 
 from specserve.distill import corpus
 from specserve.distill.student import causal_forward
-from specserve.distill.teacher import PAD, TeacherCache, loss_positions, teach
+from specserve.distill.teacher import PAD, TeacherCache, teach
 from specserve.model.loader import load_model
 
 
@@ -30,42 +29,6 @@ def test_windows_and_padding():
     assert corpus.stream_windows(stream, 4).tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
     w = corpus.sample_windows([np.array([1, 2, 3]), np.arange(10)], 5, PAD)
     assert w.tolist() == [[1, 2, 3, PAD, PAD], [0, 1, 2, 3, 4]]
-
-
-@pytest.mark.parametrize("loss_from, counted", [
-    (None, [1, 1, 1, 1, 0]),  # text windows: every real token
-    (0, [1, 1, 1, 1, 0]),
-    (1, [1, 1, 1, 1, 0]),     # position 0 predicts token 1, the reply's first
-    (3, [0, 0, 1, 1, 0]),     # prompt positions 0-1 are context only
-    (5, [0, 0, 0, 0, 0]),     # no reply inside the window
-])
-def test_loss_positions_count_the_reply_and_never_padding(loss_from, counted):
-    shard = {"tokens": torch.tensor([[7, 8, 9, 10, PAD]], dtype=torch.int32)}
-    if loss_from is not None:
-        shard["loss_from"] = torch.tensor([loss_from], dtype=torch.int32)
-    assert loss_positions(shard).int().tolist() == [counted]
-
-
-def test_chat_windows_start_the_loss_at_the_reply(tiny_target, tmp_path):
-    """Each chat window is a templated prompt then the target's reply; the loss starts where the reply does,
-    and a rebuilt run reads the same samples back without generating again."""
-    from tests.distill.conftest import tiny_config
-    from specserve.distill.pipeline import build_data
-    target = load_model(str(tiny_target), "float32")
-    cfg = tiny_config(tiny_target, ["chat"], tmp_path, steps=0, chat_prompts=12, eval_windows=4)
-    data = build_data(cfg, target, log=lambda m: None)
-    assert len(data.train) == 12 and len(data.train_from) == 12 and len(data.eval_from) == 4
-    prompts = corpus.sharegpt_prompts("train")[:12]
-    tok = target.tokenizer
-    max_prompt = cfg.window - cfg.max_reply_tokens
-    for window, start in zip(data.train, data.train_from):
-        # Shuffled: find the prompt this window holds.
-        heads = [tok.encode_chat([{"role": "user", "content": tok.decode(
-            tok.encode(p, add_special_tokens=False)[:max_prompt])}]) for p in prompts]
-        assert any(window[:start].tolist() == h and len(h) == start for h in heads)
-        assert (window[start:] != PAD).sum() > 0  # a reply follows
-    again = build_data(cfg, target, log=lambda m: None)
-    assert np.array_equal(again.train, data.train) and np.array_equal(again.train_from, data.train_from)
 
 
 def test_frequent_vocab_keeps_the_most_frequent_and_the_required_tokens():
@@ -102,9 +65,6 @@ def test_teacher_cache_holds_exact_top_k_and_logsumexp(tiny_target, tmp_path):
     again = cache.get(1)  # served from disk, not taught again
     assert cache.tokens_taught == int((windows[3:6] != PAD).sum())
     assert all(torch.equal(first[k], again[k]) for k in first)
-    starts = np.arange(6, dtype=np.int32)
-    marked = TeacherCache(tmp_path / "cache", lambda rows: teach(target.model, rows, 8), windows, 3, loss_from=starts)
-    assert marked.get(1)["loss_from"].tolist() == [3, 4, 5] and marked.tokens_taught == 0  # same shard, from disk
 
 
 def test_low_rank_embedding_draft_round_trips_and_matches_the_engine(tiny_target, tmp_path):
