@@ -159,11 +159,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def rope_supported(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
     """Whether `rope` can run: x [T, heads, D] with heads contiguous inside a token, cos and sin
     [T, 1, D/2] float32 with unit stride inside a token, `_inference_cpu`."""
-    return (x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == x.shape[2] and _inference_cpu(x)
-            and cos.shape == sin.shape == (x.shape[0], 1, x.shape[2] // 2)
-            and cos.dtype == sin.dtype == torch.float32 and cos.device.type == sin.device.type == "cpu"
+    return (x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == x.shape[2]
+            and cos.shape == sin.shape == (x.shape[0], 1, x.shape[2] // 2) and cos.dtype == torch.float32
             and cos.stride(-1) == sin.stride(-1) == 1 and cos.stride(0) == sin.stride(0)
-            and not (torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad)))
+            and _inference_cpu(x) and _inference_cpu(cos, sin))
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,6 @@
  * Each row is computed alone, in the same order whatever the number of rows (batch invariant). */
 #include <math.h>
 #include <stdint.h>
-#include <string.h>
 
 #include "bf16.h"
 
