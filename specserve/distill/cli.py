@@ -38,6 +38,9 @@ def register(subparsers) -> None:
     p.add_argument("--topk", type=int, default=32, help="target logits cached per position")
     p.add_argument("--chat-prompts", type=int, help="ShareGPT prompts to generate target replies for (default all)")
     p.add_argument("--reply-tokens", type=int, default=192, help="longest target reply generated per chat prompt")
+    p.add_argument("--ttt-steps", type=_positive_int, default=2,
+                   help="eagle: draft steps unrolled in training, each reading the previous step's own "
+                        "prediction (EAGLE-3's training-time test)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work", help="work directory for caches and checkpoints (default runs/distill/<out name>)")
     p.add_argument("--resume", action="store_true", help="continue from the work directory's checkpoint")
@@ -45,10 +48,17 @@ def register(subparsers) -> None:
     p.set_defaults(func=_run)
 
 
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
+
+
 def _command(args: argparse.Namespace) -> str:
     """The run as one explicit command line (every option, defaults included), for the draft's TRAINING.md."""
     parts = ["specserve", "distill"]
-    unused = ("hidden", "embedding_rank", "topk") if args.method == "eagle" else ()  # fixed by the target
+    # Options the method ignores: an EAGLE draft's shape is the target's; only EAGLE unrolls draft steps.
+    unused = ("hidden", "embedding_rank", "topk") if args.method == "eagle" else ("ttt_steps",)
     for key, value in vars(args).items():
         if key in ("func", "command", "resume", *unused) or value is None or value is False:
             continue
@@ -79,7 +89,7 @@ def _run(args: argparse.Namespace) -> int:
                         hidden=args.hidden, embedding_rank=args.embedding_rank or None,
                         draft_vocab=args.draft_vocab or None, window=args.window, topk=args.topk,
                         chat_prompts=args.chat_prompts, max_reply_tokens=args.reply_tokens, train=tcfg,
-                        resume=args.resume, command=_command(args))
+                        ttt_steps=args.ttt_steps, resume=args.resume, command=_command(args))
     with ProgressBar() as bar:
         run(cfg, log=bar.log, progress_cb=bar.update)
     return 0

@@ -10,10 +10,10 @@ Training (teacher forcing, no generation): the target's features of real text wi
 (`teacher.teach_features`); the loss of each position is
     reg_weight · SmoothL1(f̂_j, f_j) + cls_weight · KL(p_j || q_j)
 with p_j the target's next-token distribution restricted to the draft vocabulary (softmax of the kept head
-rows applied to f_j: exact, no top-k truncation) and q_j the draft's. Every window is drafted twice: pass 1
-reads the target's features (plus small uniform noise, as EAGLE does, for robustness to its own errors);
-pass 2 reads pass 1's predictions and attends to pass 1's keys for earlier positions, i.e. exactly the
-draft's second step at inference ("training-time test"), so later draft positions are trained too.
+rows applied to f_j: exact, no top-k truncation) and q_j the draft's. Every window is drafted `passes` times
+(default 2): pass 1 reads the target's features (plus small uniform noise, as EAGLE does, for robustness to
+its own errors); pass s reads pass s-1's predictions and attends to the keys that draft step s sees at
+inference (`student.unrolled_mask`): EAGLE-3's "training-time test", so later draft positions are trained too.
 """
 from __future__ import annotations
 
@@ -62,22 +62,32 @@ def previous_features(features: torch.Tensor) -> torch.Tensor:
     return F.pad(features[:, :-1], (0, 0, 1, 0))
 
 
-def two_passes(model: LlamaModel, ids: torch.Tensor, prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draft step 1 from the given input features [B, T, H], then step 2 from step 1's own predictions
-    (attending to step 1's keys for earlier positions); returns both outputs [B, T, H]."""
-    kv: list = []
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=ids.device.type == "cpu"):
-        out1 = causal_forward(model, ids, prev, kv_out=kv)
-        out2 = causal_forward(model, ids, previous_features(out1), prefix=kv)
-    return out1, out2
+def draft_passes(model: LlamaModel, ids: torch.Tensor, prev: torch.Tensor, passes: int) -> list[torch.Tensor]:
+    """ids [B, T], prev [B, T, H] (input features) -> the outputs [B, T, H] of draft steps 1..passes at every
+    position: step 1 from the given features, step s from step s-1's own predictions."""
+    outs: list[torch.Tensor] = []
+    kvs: list[list] = []
+    for _ in range(passes):
+        kvs.append([])
+        outs.append(causal_forward(model, ids, previous_features(outs[-1]) if outs else prev,
+                                   prefix=kvs[:-1], kv_out=kvs[-1]))
+    return outs
+
+
+def _bf16(ids: torch.Tensor):
+    """bf16 autocast on CPU, where it is the fast path (the engine serves drafts in bf16 too)."""
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=ids.device.type == "cpu")
 
 
 class EagleObjective:
     """Loss and held-out agreement of an EAGLE draft on cached target features."""
 
-    def __init__(self, eval_shard: dict, reg_weight: float = 1.0, cls_weight: float = 0.1, noise: float = 0.2):
+    def __init__(self, eval_shard: dict, passes: int = 2, reg_weight: float = 1.0, cls_weight: float = 0.1,
+                 noise: float = 0.2):
+        if passes < 1:
+            raise ValueError(f"passes must be >= 1, got {passes}")
         self.eval_shard = eval_shard  # tokens, features, and the target's full-vocabulary argmax ("argmax")
-        self.reg_weight, self.cls_weight, self.noise = reg_weight, cls_weight, noise
+        self.passes, self.reg_weight, self.cls_weight, self.noise = passes, reg_weight, cls_weight, noise
 
     def loss(self, model: LlamaModel, batch: dict) -> tuple[torch.Tensor, dict]:
         tokens = batch["tokens"].long()
@@ -87,9 +97,10 @@ class EagleObjective:
         prev = prev + (torch.rand_like(prev) * 2 - 1) * self.noise * (prev != 0)
         with torch.no_grad():
             logp = F.log_softmax(f @ model.lm_head.weight.float().T, dim=-1)  # p over the kept tokens
-        out1, out2 = two_passes(model, ids, prev)
         total, parts = 0.0, {}
-        for name, out in (("1", out1), ("2", out2)):
+        with _bf16(ids):
+            outs = draft_passes(model, ids, prev, self.passes)
+        for name, out in enumerate(outs, 1):
             logq = F.log_softmax(model.lm_head(out).float(), dim=-1)
             kl = (logp.exp() * (logp - logq)).sum(-1)[valid].mean()
             reg = F.smooth_l1_loss(out.float(), f, reduction="none").mean(-1)[valid].mean()
@@ -99,23 +110,26 @@ class EagleObjective:
 
     @torch.no_grad()
     def agreement(self, model: LlamaModel, vocab_map: torch.Tensor | None) -> dict:
-        """Held-out top-1 agreement with the target's argmax, first draft step (target features) and second
-        (the draft's own predicted features)."""
+        """Held-out top-1 agreement with the target's argmax at draft step 1 (target features), 2 (the draft's
+        own predicted features), and further steps when training unrolls them."""
         model.eval()
-        hits, total = [0, 0], 0
+        steps = max(2, self.passes)
+        hits, total = [0] * steps, 0
         shard = self.eval_shard
         for start in range(0, len(shard["tokens"]), 8):
             tok = shard["tokens"][start:start + 8].long()
             valid = tok >= 0
             f = shard["features"][start:start + 8].float()
-            for i, out in enumerate(two_passes(model, tok.clamp_min(0), previous_features(f))):
+            with _bf16(tok):
+                outs = draft_passes(model, tok.clamp_min(0), previous_features(f), steps)
+            for i, out in enumerate(outs):
                 pred = model.lm_head(out).argmax(-1)
                 if vocab_map is not None:
                     pred = vocab_map[pred]
                 hits[i] += int(((pred == shard["argmax"][start:start + 8].long()) & valid).sum())
             total += int(valid.sum())
         model.train()
-        return {"agreement": hits[0] / max(1, total), "agreement_step2": hits[1] / max(1, total)}
+        return {"agreement" if i == 0 else f"agreement_step{i + 1}": h / max(1, total) for i, h in enumerate(hits)}
 
 
 @torch.no_grad()

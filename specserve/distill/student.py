@@ -18,19 +18,15 @@ def causal_forward(model: LlamaModel, ids: torch.Tensor, features: torch.Tensor 
                    prefix: list | None = None, kv_out: list | None = None) -> torch.Tensor:
     """ids [B, T] (each row a window starting at position 0) -> final hidden states [B, T, hidden].
 
-    EAGLE drafts also take `features` [B, T, hidden] (see LlamaModel.embed). `prefix`: per-layer keys and
-    values [B, T, Hkv, D] of an earlier pass over the same positions; each position then attends to the
-    prefix's earlier positions and to itself only, as a draft's second step does at inference (its cache
-    holds rows made from the target's features, the newest row is made from the draft's own prediction).
-    `kv_out` collects this pass's per-layer (keys, values)."""
+    EAGLE drafts also take `features` [B, T, hidden] (see LlamaModel.embed). `prefix`: the earlier passes
+    over the same positions, each a per-layer list of keys and values [B, T, Hkv, D]; this pass is then draft
+    step len(prefix) + 1 at every position, attending to what that step's cache holds at inference
+    (`unrolled_mask`). `kv_out` collects this pass's per-layer (keys, values)."""
     b, t = ids.shape
     rope = model.rope[:t].to(ids.device)
     cos, sin = rope[:, 0, None], rope[:, 1, None]  # [T, 1, D/2]
     x = model.embed(ids, features)
-    mask = None
-    if prefix is not None:  # [T, 2T]: earlier prefix positions, then this pass's own position
-        pos = torch.arange(t, device=ids.device)
-        mask = torch.cat([pos[None, :] < pos[:, None], torch.eye(t, dtype=torch.bool, device=ids.device)], 1)
+    mask = unrolled_mask(t, len(prefix), ids.device) if prefix else None
     for i, layer in enumerate(model.layers):
         h = layer.input_layernorm(x)
         q, k, v = layer.qkv_proj(h).split([layer.q_size, layer.kv_size, layer.kv_size], dim=-1)
@@ -39,13 +35,28 @@ def causal_forward(model: LlamaModel, ids: torch.Tensor, features: torch.Tensor 
         v = v.reshape(b, t, layer.num_kv_heads, layer.head_dim)
         if kv_out is not None:
             kv_out.append((k, v))
-        keys, values = (k, v) if prefix is None else (torch.cat([prefix[i][0], k], 1), torch.cat([prefix[i][1], v], 1))
+        keys = torch.cat([*(kv[i][0] for kv in prefix or ()), k], 1)
+        values = torch.cat([*(kv[i][1] for kv in prefix or ()), v], 1)
         att = F.scaled_dot_product_attention(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
                                              attn_mask=mask, is_causal=mask is None, scale=layer.scale,
                                              enable_gqa=layer.num_heads != layer.num_kv_heads)
         x = x + layer.o_proj(att.transpose(1, 2).reshape(b, t, layer.q_size))
         x = x + layer.down_proj(layer.swiglu(layer.post_attention_layernorm(x)))
     return model.norm(x)
+
+
+def unrolled_mask(t: int, earlier: int, device=None) -> torch.Tensor:
+    """[T, (earlier + 1) * T] keys visible to draft step s = earlier + 1 at position j, over the keys of
+    passes 1..s (pass i holds step i at every position). At inference step s's row j sees the rows made
+    from the target's features up to j - s + 1 (pass 1), then the rows of steps 2..s-1 at j - s + 2 ..
+    j - 1 (pass i at j - s + i), then itself."""
+    s = earlier + 1
+    q = torch.arange(t, device=device)[:, None]
+    k = torch.arange(t, device=device)[None, :]
+    if s == 1:
+        return k <= q
+    blocks = [k <= q - s + 1] + [k == q - s + i for i in range(2, s)] + [k == q]
+    return torch.cat(blocks, 1)
 
 
 def draft_config(target: ModelConfig, layers: int, hidden: int, draft_vocab: int | None,

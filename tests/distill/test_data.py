@@ -86,3 +86,44 @@ def test_low_rank_embedding_draft_round_trips_and_matches_the_engine(tiny_target
     runner = ModelRunner(loaded.model, num_blocks=8, block_size=16)
     paged, _ = runner.forward([ForwardItem(ids, len(ids), list(range(8)), len(ids))])
     assert torch.allclose(paged, dense, atol=1e-4)
+
+
+def test_unrolled_mask_table():
+    """Keys visible to draft step s at position j, over passes 1..s (1 = visible), for T = 4."""
+    from specserve.distill.student import unrolled_mask
+    table = {
+        1: ["1000", "1100", "1110", "1111"],
+        2: ["0000 1000", "1000 0100", "1100 0010", "1110 0001"],
+        3: ["0000 0000 1000", "0000 1000 0100", "1000 0100 0010", "1100 0010 0001"],
+    }
+    for s, rows in table.items():
+        want = torch.tensor([[c == "1" for c in row.replace(" ", "")] for row in rows])
+        assert torch.equal(unrolled_mask(4, s - 1), want), s
+
+
+def test_training_passes_are_the_draft_steps_of_inference(tiny_target):
+    """Pass s of EAGLE training at position j is what draft step s computes at inference: rows up to
+    j - s + 1 made from the target's features, each later row from the previous row's own prediction,
+    recomputed here one row at a time with plain causal attention."""
+    from specserve.distill.eagle import draft_passes, eagle_config, init_eagle
+    target = load_model(str(tiny_target), "float32")
+    model = init_eagle(target.model, eagle_config(target.config, 1, None), None, seed=0)
+    with torch.no_grad():  # large weights, so that attending to the wrong rows shows
+        for p in model.layers.parameters():
+            p.normal_(std=0.3) if p.dim() == 2 else None
+    torch.manual_seed(1)
+    t, hidden = 10, target.config.hidden_size
+    ids, prev = torch.randint(0, 200, (1, t)), torch.randn(1, t, hidden)
+    with torch.no_grad():
+        passes = draft_passes(model, ids, prev, 4)
+        plain = draft_passes(model, ids, prev, 1)[0]
+        for s, out in enumerate(passes, 1):
+            for j in range(s - 1, t):
+                feats = prev[:, :j - s + 2]
+                for r in range(j - s + 2, j + 1):  # row r reads the prediction made at row r - 1
+                    step = draft_passes(model, ids[:, :r], feats, 1)[0]
+                    feats = torch.cat([feats, step[:, -1:]], 1)
+                want = draft_passes(model, ids[:, :j + 1], feats, 1)[0][0, -1]
+                assert torch.allclose(out[0, j], want, atol=1e-3), (s, j)  # chained fp32 rounding: ~1e-4
+                if s > 1 and j >= s:  # the test can tell: pass s is not step 1
+                    assert (plain[0, j] - want).abs().max() > 0.1, (s, j)

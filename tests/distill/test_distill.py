@@ -142,6 +142,15 @@ def test_cli_minutes_budget_writes_a_loadable_draft(tiny_target, tiny_corpus, tm
     assert llm.generate([[7, 8, 9]], GREEDY)[0].spec["num_drafts"] > 0
 
 
+@pytest.mark.parametrize("value", ["0", "-1", "two"])
+def test_cli_rejects_a_bad_ttt_steps_in_one_line(value, capsys):
+    from specserve.cli import main
+    with pytest.raises(SystemExit) as exc:
+        main(["distill", "--out", "x", "--corpus", "code", "--method", "eagle", "--steps", "1", "--ttt-steps", value])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "--ttt-steps: expected a positive integer" in err and "Traceback" not in err
+
+
 def test_reduced_vocabulary_draft_is_lossless_when_sampling(tiny_target, distilled):
     """T = 0.8, top-p 0.9 with the distilled 96-of-260-token draft (q = 0 outside its vocabulary, so every
     token outside it can only come from the recovered-token path): the first two generated tokens follow
@@ -176,12 +185,13 @@ def test_eagle_distillation_raises_acceptance_and_exports_a_draft_without_the_em
     init = run(tiny_config(tiny_target, ["chat"], tmp_path, steps=0, name="init", work=work, method="eagle"),
                log=lambda m: None)
     trained = run(tiny_config(tiny_target, ["chat"], tmp_path, steps=80, name="trained", work=work, method="eagle",
-                              train={"lr": 1e-2}), log=lambda m: None)
+                              ttt_steps=3, train={"lr": 1e-2}), log=lambda m: None)
     prompts = heldout_prompts(tiny_target)
     before, after = acceptance(tiny_target, tmp_path / "init", prompts), acceptance(tiny_target, tmp_path / "trained", prompts)
     assert after > before + 0.2, (before, after)
     assert trained["heldout_top1_agreement"] > init["heldout_top1_agreement"] + 0.15
     assert trained["heldout_top1_agreement_step2"] > init["heldout_top1_agreement_step2"] + 0.15
+    assert trained["heldout_top1_agreement_step3"] > init["heldout_top1_agreement_step2"] + 0.1  # 3 steps unrolled
     cfg = json.loads((tmp_path / "trained" / "config.json").read_text())
     assert cfg["eagle"] and cfg["num_hidden_layers"] == 1 and cfg["hidden_size"] == 64
     from safetensors.torch import load_file
