@@ -110,7 +110,8 @@ def test_training_passes_are_the_draft_steps_of_inference(tiny_target):
     model = init_eagle(target.model, eagle_config(target.config, 1, None), None, seed=0)
     with torch.no_grad():  # large weights, so that attending to the wrong rows shows
         for p in model.layers.parameters():
-            p.normal_(std=0.3) if p.dim() == 2 else None
+            if p.dim() == 2:
+                p.normal_(std=0.3)
     torch.manual_seed(1)
     t, hidden = 10, target.config.hidden_size
     ids, prev = torch.randint(0, 200, (1, t)), torch.randn(1, t, hidden)
