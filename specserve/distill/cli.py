@@ -41,6 +41,8 @@ def register(subparsers) -> None:
     p.add_argument("--ttt-steps", type=_positive_int, default=2,
                    help="eagle: draft steps unrolled in training, each reading the previous step's own "
                         "prediction (EAGLE-3's training-time test)")
+    p.add_argument("--kl-weight", type=_nonnegative_float, default=0.1,
+                   help="eagle: weight of the token loss KL(target || draft) next to the feature regression's 1")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work", help="work directory for caches and checkpoints (default runs/distill/<out name>)")
     p.add_argument("--resume", action="store_true", help="continue from the work directory's checkpoint")
@@ -54,11 +56,21 @@ def _positive_int(text: str) -> int:
     return int(text)
 
 
+def _nonnegative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {text!r}")
+    return value
+
+
 def _command(args: argparse.Namespace) -> str:
     """The run as one explicit command line (every option, defaults included), for the draft's TRAINING.md."""
     parts = ["specserve", "distill"]
     # Options the method ignores: an EAGLE draft's shape is the target's; only EAGLE unrolls draft steps.
-    unused = ("hidden", "embedding_rank", "topk") if args.method == "eagle" else ("ttt_steps",)
+    unused = ("hidden", "embedding_rank", "topk") if args.method == "eagle" else ("ttt_steps", "kl_weight")
     for key, value in vars(args).items():
         if key in ("func", "command", "resume", *unused) or value is None or value is False:
             continue
@@ -89,7 +101,7 @@ def _run(args: argparse.Namespace) -> int:
                         hidden=args.hidden, embedding_rank=args.embedding_rank or None,
                         draft_vocab=args.draft_vocab or None, window=args.window, topk=args.topk,
                         chat_prompts=args.chat_prompts, max_reply_tokens=args.reply_tokens, train=tcfg,
-                        ttt_steps=args.ttt_steps, resume=args.resume, command=_command(args))
+                        ttt_steps=args.ttt_steps, kl_weight=args.kl_weight, resume=args.resume, command=_command(args))
     with ProgressBar() as bar:
         run(cfg, log=bar.log, progress_cb=bar.update)
     return 0

@@ -37,6 +37,7 @@ class DistillConfig:
     chat_prompts: int | None = None    # how many ShareGPT prompts get a target reply (None: all)
     max_reply_tokens: int = 192
     ttt_steps: int = 2                 # eagle: draft steps unrolled in training (EAGLE-3's training-time test)
+    kl_weight: float = 0.1             # eagle: weight of KL(p || q) next to the feature regression's 1.0
     train: TrainConfig = field(default_factory=TrainConfig)
     resume: bool = False
     command: str = ""
@@ -162,7 +163,7 @@ def run(cfg: DistillConfig, log=print, progress_cb=None) -> dict:
             return {**shard, "argmax": target_argmax(teacher, shard)}
 
         eval_shard = _eval_shard(cfg.work / "features" / "eval.safetensors", eval_w, eval_features)
-        objective = EagleObjective(eval_shard, passes=cfg.ttt_steps)
+        objective = EagleObjective(eval_shard, passes=cfg.ttt_steps, cls_weight=cfg.kl_weight)
     else:
         dcfg = draft_config(target.config, cfg.layers, cfg.hidden, len(vocab_map) if vocab_map else None,
                             cfg.embedding_rank)
@@ -179,7 +180,7 @@ def run(cfg: DistillConfig, log=print, progress_cb=None) -> dict:
     params = sum(p.numel() for n, p in student.named_parameters() if not (dcfg.eagle and n == "embed_tokens.weight"))
     info = {"command": cfg.command, "target": cfg.target, "corpus": cfg.corpus, "seed": cfg.train.seed,
             "method": cfg.method, "layers": cfg.layers, "hidden": dcfg.hidden_size,
-            "embedding_rank": dcfg.embedding_rank, **({"ttt_steps": cfg.ttt_steps} if dcfg.eagle else {}),
+            "embedding_rank": dcfg.embedding_rank, **({"ttt_steps": cfg.ttt_steps, "kl_weight": cfg.kl_weight} if dcfg.eagle else {}),
             "draft_vocab_size": dcfg.draft_vocab_size, "vocab_coverage": cov, "params": params,
             "train_windows": int(len(train_w)), "window": int(train_w.shape[1]),
             "teacher_tokens_cached": cache.tokens_taught, "prep_seconds": round(prep_seconds, 1),

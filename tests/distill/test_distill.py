@@ -142,13 +142,17 @@ def test_cli_minutes_budget_writes_a_loadable_draft(tiny_target, tiny_corpus, tm
     assert llm.generate([[7, 8, 9]], GREEDY)[0].spec["num_drafts"] > 0
 
 
-@pytest.mark.parametrize("value", ["0", "-1", "two"])
-def test_cli_rejects_a_bad_ttt_steps_in_one_line(value, capsys):
+@pytest.mark.parametrize("flag, value, message", [
+    ("--ttt-steps", "0", "expected a positive integer"), ("--ttt-steps", "-1", "expected a positive integer"),
+    ("--ttt-steps", "two", "expected a positive integer"), ("--kl-weight", "-0.5", "expected a non-negative number"),
+    ("--kl-weight", "nan", "expected a non-negative number"), ("--kl-weight", "heavy", "expected a non-negative number"),
+])
+def test_cli_rejects_a_bad_eagle_option_in_one_line(flag, value, message, capsys):
     from specserve.cli import main
     with pytest.raises(SystemExit) as exc:
-        main(["distill", "--out", "x", "--corpus", "code", "--method", "eagle", "--steps", "1", "--ttt-steps", value])
+        main(["distill", "--out", "x", "--corpus", "code", "--method", "eagle", "--steps", "1", flag, value])
     err = capsys.readouterr().err
-    assert exc.value.code == 2 and "--ttt-steps: expected a positive integer" in err and "Traceback" not in err
+    assert exc.value.code == 2 and f"{flag}: {message}" in err and "Traceback" not in err
 
 
 def test_reduced_vocabulary_draft_is_lossless_when_sampling(tiny_target, distilled):
