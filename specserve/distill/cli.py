@@ -46,6 +46,9 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work", help="work directory for caches and checkpoints (default runs/distill/<out name>)")
     p.add_argument("--resume", action="store_true", help="continue from the work directory's checkpoint")
+    p.add_argument("--prepare-only", action="store_true",
+                   help="build the data and the whole teacher cache in --work, then stop without training "
+                        "(the same command without it then trains on the cached teacher)")
     p.add_argument("--threads", type=int, help="torch CPU threads")
     p.set_defaults(func=_run)
 
@@ -72,7 +75,7 @@ def _command(args: argparse.Namespace) -> str:
     # Options the method ignores: an EAGLE draft's shape is the target's; only EAGLE unrolls draft steps.
     unused = ("hidden", "embedding_rank", "topk") if args.method == "eagle" else ("ttt_steps", "kl_weight")
     for key, value in vars(args).items():
-        if key in ("func", "command", "resume", *unused) or value is None or value is False:
+        if key in ("func", "command", "resume", "prepare_only", *unused) or value is None or value is False:
             continue
         flag = "--" + key.replace("_", "-")
         parts += [flag, *map(str, value)] if isinstance(value, list) else [flag] if value is True else [flag, str(value)]
@@ -101,7 +104,8 @@ def _run(args: argparse.Namespace) -> int:
                         hidden=args.hidden, embedding_rank=args.embedding_rank or None,
                         draft_vocab=args.draft_vocab or None, window=args.window, topk=args.topk,
                         chat_prompts=args.chat_prompts, max_reply_tokens=args.reply_tokens, train=tcfg,
-                        ttt_steps=args.ttt_steps, kl_weight=args.kl_weight, resume=args.resume, command=_command(args))
+                        ttt_steps=args.ttt_steps, kl_weight=args.kl_weight, resume=args.resume,
+                        prepare_only=args.prepare_only, command=_command(args))
     with ProgressBar() as bar:
         run(cfg, log=bar.log, progress_cb=bar.update)
     return 0

@@ -40,6 +40,7 @@ class DistillConfig:
     kl_weight: float = 0.1             # eagle: weight of KL(p || q) next to the feature regression's 1.0
     train: TrainConfig = field(default_factory=TrainConfig)
     resume: bool = False
+    prepare_only: bool = False         # build the data and fill the teacher cache, then stop
     command: str = ""
 
 
@@ -174,6 +175,14 @@ def run(cfg: DistillConfig, log=print, progress_cb=None) -> dict:
         eval_shard = _eval_shard(cfg.work / "teacher" / "eval.safetensors", eval_w,
                                  lambda w: teach(teacher, w, cfg.topk))
         objective = DistillObjective(eval_shard, target.config.vocab_size, vm, cfg.train.ce_weight)
+    if cfg.prepare_only:
+        for i in range(cache.num_shards):
+            cache.get(i)
+        prep_seconds = time.perf_counter() - t_start
+        log(f"prepared {cfg.work}: {cache.num_shards} teacher shards ({cache.tokens_taught:,} tokens taught in "
+            f"{cache.seconds_teaching / 60:.1f} min), {prep_seconds / 60:.1f} min in all; no draft trained")
+        return {"prep_seconds": round(prep_seconds, 1), "teacher_tokens_cached": cache.tokens_taught,
+                "teacher_seconds": round(cache.seconds_teaching, 1), "shards": cache.num_shards}
     prep_seconds = time.perf_counter() - t_start
     summary = train(student, vm, cache, objective, cfg.train, cfg.work, cfg.resume, progress_cb)
     # Shipped parameters: an EAGLE draft borrows the target's embedding.

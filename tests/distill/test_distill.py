@@ -142,6 +142,15 @@ def test_cli_minutes_budget_writes_a_loadable_draft(tiny_target, tiny_corpus, tm
     assert llm.generate([[7, 8, 9]], GREEDY)[0].spec["num_drafts"] > 0
 
 
+def test_prepare_only_fills_the_teacher_cache_and_the_training_run_reads_it(tiny_target, tiny_corpus, tmp_path):
+    prepared = run(tiny_config(tiny_target, tiny_corpus, tmp_path, steps=4, prepare_only=True), log=lambda m: None)
+    shards = sorted((tmp_path / "work-draft" / "teacher").glob("shard-*.safetensors"))
+    assert prepared["shards"] > 1 and len(shards) == prepared["shards"] and prepared["teacher_tokens_cached"] > 0
+    assert not (tmp_path / "draft").exists()
+    trained = run(tiny_config(tiny_target, tiny_corpus, tmp_path, steps=4), log=lambda m: None)
+    assert trained["steps"] == 4 and trained["teacher_tokens_cached"] == 0
+
+
 @pytest.mark.parametrize("flag, value, message", [
     ("--ttt-steps", "0", "expected a positive integer"), ("--ttt-steps", "-1", "expected a positive integer"),
     ("--ttt-steps", "two", "expected a positive integer"), ("--kl-weight", "-0.5", "expected a non-negative number"),
