@@ -95,15 +95,21 @@ class EagleObjective:
         ids, f = tokens.clamp_min(0), batch["features"].float()
         prev = previous_features(f)
         prev = prev + (torch.rand_like(prev) * 2 - 1) * self.noise * (prev != 0)
+        f = f[valid]                                                   # [N, H]: the loss skips padding rows
         with torch.no_grad():
-            logp = F.log_softmax(f @ model.lm_head.weight.float().T, dim=-1)  # p over the kept tokens
+            logp = F.log_softmax(f @ model.lm_head.weight.float().T, dim=-1)  # [N, Vd] p over the kept tokens
+            p = logp.exp()
+            neg_entropy = (p * logp).sum(-1).mean()
         total, parts = 0.0, {}
         with _bf16(ids):
             outs = draft_passes(model, ids, prev, self.passes)
         for name, out in enumerate(outs, 1):
-            logq = F.log_softmax(model.lm_head(out).float(), dim=-1)
-            kl = (logp.exp() * (logp - logq)).sum(-1)[valid].mean()
-            reg = F.smooth_l1_loss(out.float(), f, reduction="none").mean(-1)[valid].mean()
+            out = out[valid]                                           # [N, H] f̂
+            with _bf16(ids):
+                logits = model.lm_head(out)                            # [N, Vd] log q up to a constant
+            # KL(p || q) = H(p, q) - H(p): soft-target cross-entropy (one fused kernel) plus a constant.
+            kl = F.cross_entropy(logits.float(), p) + neg_entropy
+            reg = F.smooth_l1_loss(out.float(), f)
             total = total + self.reg_weight * reg + self.cls_weight * kl
             parts[f"kl{name}"], parts[f"reg{name}"] = float(kl.detach()), float(reg.detach())
         return total, parts

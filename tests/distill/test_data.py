@@ -128,3 +128,33 @@ def test_training_passes_are_the_draft_steps_of_inference(tiny_target):
                 assert torch.allclose(out[0, j], want, atol=1e-3), (s, j)  # chained fp32 rounding: ~1e-4
                 if s > 1 and j >= s:  # the test can tell: pass s is not step 1
                     assert (plain[0, j] - want).abs().max() > 0.1, (s, j)
+
+
+def test_eagle_loss_is_smooth_l1_plus_weighted_kl_over_the_non_padding_rows(tiny_target):
+    """The loss, recomputed in fp32 from its definition (EAGLE: SmoothL1(f̂, f) + w · KL(p || q), p and q
+    softmax of the kept head rows applied to f and f̂) on the unpadded rows; padding rows do not count."""
+    import torch.nn.functional as F
+    from specserve.distill.eagle import EagleObjective, draft_passes, eagle_config, init_eagle, previous_features
+    target = load_model(str(tiny_target), "float32")
+    vocab_map = torch.arange(0, 200, 2)
+    model = init_eagle(target.model, eagle_config(target.config, 1, len(vocab_map)), vocab_map, seed=0)
+    torch.manual_seed(0)
+    tokens = torch.randint(0, 200, (3, 12), dtype=torch.int32)
+    tokens[1, 7:] = PAD
+    features = torch.randn(3, 12, target.config.hidden_size)
+    features[1, 7:] = 1e3  # garbage under the padding: would dominate any loss that read it
+    objective = EagleObjective(None, passes=2, cls_weight=0.3, noise=0.0)
+    loss, parts = objective.loss(model, {"tokens": tokens, "features": features})
+    valid = tokens >= 0
+    with torch.no_grad():
+        outs = draft_passes(model, tokens.long().clamp_min(0), previous_features(features), 2)
+        want = 0.0
+        for s, out in enumerate(outs, 1):
+            logp = F.log_softmax(features[valid] @ model.lm_head.weight.T, -1)
+            logq = F.log_softmax(out[valid] @ model.lm_head.weight.T, -1)
+            kl = (logp.exp() * (logp - logq)).sum(-1).mean()
+            reg = F.smooth_l1_loss(out[valid], features[valid])
+            assert abs(parts[f"kl{s}"] - float(kl)) < 0.02 * float(kl) + 1e-3, s  # bf16 head: ~1 % apart
+            assert abs(parts[f"reg{s}"] - float(reg)) < 0.02 * float(reg), s
+            want += reg + 0.3 * kl
+    assert abs(float(loss.detach()) - float(want)) < 0.02 * float(want)
