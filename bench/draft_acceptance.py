@@ -3,15 +3,19 @@ greedy, k = 4, on held-out data, and each draft's cost relative to the target.
 
 Workloads: code = 200-token prefixes of held-out CPython stdlib files, 64 new tokens; chat = Spec-Bench
 first-turn questions in the chat template, 64 new tokens, per category. Tokens per step = 1 + accepted /
-drafts. Cost ratio (FLOPs) = draft / target forward FLOPs of one decode token at 264 tokens of context.
+drafts, and the acceptance of each draft position (where the drafted tokens are lost). Cost ratio (FLOPs)
+= draft / target forward FLOPs of one decode token at 264 tokens of context.
 --timing adds wall-clock numbers at batch 1 (run it on an idle machine): per-token forward time of draft
-and target, and plain vs speculative decoding tokens/s on the code prompts.
+and target, and plain vs speculative decoding tokens/s on the code prompts. --teacher-forced runs each
+EAGLE draft's first step on the target's exact features of the same prompts and replies, without the engine.
 
     python bench/draft_acceptance.py [--drafts code chat] [--code-prompts 40] [--per-category 5] [--timing]
+        [--teacher-forced]
 """
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 import sys
@@ -63,6 +67,22 @@ def generation_rate(llm, prompts, max_tokens: int = 64) -> float:
     return n / (time.perf_counter() - t0)
 
 
+def teacher_forced(name: str, workloads: dict) -> dict:
+    """workload -> (prompts, engine outputs): `evaluate.teacher_forced_agreement` on prompt + greedy reply."""
+    from specserve.model.loader import load_model
+    draft = load_model(resolve_draft(name), "float32")
+    if not draft.config.eagle:
+        return {}
+    target = load_model(TARGET, "float32").model.to(torch.bfloat16)  # as distillation teaches it
+    draft.model.embed_tokens.weight = torch.nn.Parameter(target.embed_tokens.weight.float(), requires_grad=False)
+    vocab_path = draft.path / "vocab_map.json"
+    vocab_map = torch.tensor(json.loads(vocab_path.read_text())) if vocab_path.exists() else None
+    return {w: evaluate.teacher_forced_agreement(target, draft.model, vocab_map,
+                                                 [list(p) + list(o.token_ids) for p, o in zip(prompts, outs)],
+                                                 [len(p) for p in prompts])
+            for w, (prompts, outs) in workloads.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--drafts", nargs="+", default=["code", "chat"], help="shipped names or directories")
@@ -70,6 +90,9 @@ def main() -> None:
     ap.add_argument("--code-prompts", type=int, default=40)
     ap.add_argument("--per-category", type=int, default=5, help="Spec-Bench questions per category")
     ap.add_argument("--timing", action="store_true", help="also measure wall-clock cost (idle machine)")
+    ap.add_argument("--teacher-forced", action="store_true",
+                    help="also run each EAGLE draft's step 1 on the target's exact features of the same prompts and "
+                         "greedy replies, without the engine (what the draft cannot predict vs what serving loses)")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -89,7 +112,13 @@ def main() -> None:
             outs[cat] = llm.generate(prompts, params)
             print(f"{name} {cat}: {evaluate.tokens_per_step(outs[cat]):.2f}", file=sys.stderr, flush=True)
         res = {w: evaluate.tokens_per_step(o) for w, o in outs.items()}
-        res["chat (all)"] = evaluate.tokens_per_step([o for cat in chat for o in outs[cat]])
+        chat_outs = [o for cat in chat for o in outs[cat]]
+        res["chat (all)"] = evaluate.tokens_per_step(chat_outs)
+        res["_positions"] = {"code": evaluate.position_acceptance(outs["code"], args.k),
+                             "chat (all)": evaluate.position_acceptance(chat_outs, args.k)}
+        if args.teacher_forced:
+            res["_teacher_forced"] = teacher_forced(name, {"code": (code, outs["code"]), "chat (all)": (
+                [p for cat in chat for p in chat[cat]], chat_outs)})
         draft_model = llm.engine.proposer.runner.model
         res["_params"] = stored_parameters(resolve_draft(name))
         res["_flops"] = evaluate.forward_flops(draft_model.config, 264)
@@ -103,6 +132,22 @@ def main() -> None:
     print("|---|" + "---|" * len(args.drafts))
     for w in workloads:
         print(f"| {w} | " + " | ".join(f"{rows[d][w]:.2f}" for d in args.drafts) + " |")
+    print("\nWhere the drafted tokens are lost: P(draft position i accepted) over all drafting steps, and in "
+          "brackets the same given that position i - 1 was accepted")
+    print("| draft | workload | " + " | ".join(f"position {i}" for i in range(1, args.k + 1)) + " |")
+    print("|---|---|" + "---|" * args.k)
+    for d in args.drafts:
+        for w, probs in rows[d]["_positions"].items():
+            cells = [f"{p:.3f} ({p / prev:.2f})" if prev else "-" for p, prev in zip(probs, [1.0] + probs[:-1])]
+            print(f"| {d} | {w} | " + " | ".join(cells) + " |")
+    if args.teacher_forced:
+        print("\nThe same replies teacher-forced (no engine): the draft's step-1 top-1 agreement with the target on "
+              "the target's exact features, next to the engine's acceptance at draft position 1")
+        print("| draft | workload | prompt rows | reply rows | engine, position 1 |")
+        print("|---|---|---|---|---|")
+        for d in args.drafts:
+            for w, tf in rows[d].get("_teacher_forced", {}).items():
+                print(f"| {d} | {w} | {tf['prompt']:.3f} | {tf['reply']:.3f} | {rows[d]['_positions'][w][0]:.3f} |")
     print("\n| draft | parameters | FLOP cost ratio (draft / target, one decode token at 264 context) |")
     print("|---|---|---|")
     for d in args.drafts:

@@ -41,6 +41,52 @@ def tokens_per_step(outputs) -> float:
     return 1 + accepted / drafts if drafts else float("nan")
 
 
+def position_acceptance(outputs, k: int) -> list[float]:
+    """P(draft position i is accepted) for i = 1..k, over all drafting steps: position i counts only when
+    positions 1..i-1 were accepted too, so the list is non-increasing and sums to tokens_per_step - 1."""
+    drafts = sum(o.spec["num_drafts"] for o in outputs)
+    accepted = [0] * k
+    for o in outputs:
+        for i, n in enumerate(o.spec["accepted_per_position"][:k]):
+            accepted[i] += n
+    return [a / drafts if drafts else float("nan") for a in accepted]
+
+
+def teacher_forced_agreement(target, draft, vocab_map, sequences: list[list[int]],
+                             prompt_lens: list[int]) -> dict[str, float]:
+    """An EAGLE draft's step 1 on the target's exact features of `sequences` (prompt + reply; no engine, no
+    cache): top-1 agreement with the target's greedy next token at prompt and at reply positions. Next to the
+    engine's acceptance at draft position 1 on the same replies, it tells what the draft cannot predict
+    from what the serving path loses. target, draft: LlamaModel (the draft reading the target's
+    embedding); vocab_map [draft vocab] target id of each head row, or None."""
+    import torch
+
+    from specserve.distill.eagle import draft_passes, previous_features, target_argmax
+    from specserve.distill.teacher import PAD, teach_features
+    windows = np.full((len(sequences), max(map(len, sequences))), PAD, dtype=np.int64)
+    for i, seq in enumerate(sequences):
+        windows[i, :len(seq)] = seq
+    shard = teach_features(target, windows)
+    greedy = target_argmax(target, shard)                    # [N, T] target's next token after position j
+    hits, totals = {"prompt": 0, "reply": 0}, {"prompt": 0, "reply": 0}
+    on_cpu = shard["features"].device.type == "cpu"
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=on_cpu):
+        for start in range(0, len(sequences), 8):
+            ids = shard["tokens"][start:start + 8].long().clamp_min(0)
+            out = draft_passes(draft, ids, previous_features(shard["features"][start:start + 8].float()), 1)[0]
+            pred = draft.lm_head(out).argmax(-1)             # [n, T] the draft's guess at the same token
+            pred = pred if vocab_map is None else vocab_map[pred]
+            for row, i in enumerate(range(start, start + len(ids))):
+                same = pred[row] == greedy[i]
+                # Row j guesses token j + 1. Reply rows: from the first reply token (the engine drafts after
+                # it) to the one before the last (the last has nothing to guess).
+                n, m = prompt_lens[i], len(sequences[i])
+                for part, (a, b) in (("prompt", (0, n - 1)), ("reply", (n, m - 1))):
+                    hits[part] += int(same[a:b].sum())
+                    totals[part] += b - a
+    return {part: hits[part] / totals[part] if totals[part] else float("nan") for part in hits}
+
+
 def acceptance(llm, prompts: list[list[int]], max_tokens: int = 64) -> float:
     from specserve import SamplingParams
     return tokens_per_step(llm.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0,

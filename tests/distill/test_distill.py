@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from specserve import LLM, SamplingParams
-from specserve.distill.evaluate import tokens_per_step
+from specserve.distill.evaluate import position_acceptance, teacher_forced_agreement, tokens_per_step
+from specserve.model.loader import load_model
 from specserve.distill.pipeline import run
 from specserve.errors import SpecServeError
 from tests.distill.conftest import tiny_config
@@ -49,6 +50,15 @@ def test_distillation_raises_acceptance_over_initialisation(tiny_target, distill
     assert log[0]["step"] == 0 and log[-1]["final"] and log[-1]["step"] == 80
     info = json.loads((trained_dir / "distill.json").read_text())
     assert info["draft_vocab_size"] == 96 and 0 < info["vocab_coverage"]["train"] <= 1
+
+
+def test_position_acceptance_splits_the_acceptance_length_over_draft_positions(tiny_target, distilled):
+    llm = LLM(model=str(tiny_target), dtype="float32", speculative_config={"model": str(distilled[1]),
+                                                                           "num_speculative_tokens": 4})
+    outs = llm.generate(heldout_prompts(tiny_target, 8), GREEDY)
+    probs = position_acceptance(outs, 4)
+    assert probs[0] > 0 and all(a >= b for a, b in zip(probs, probs[1:])), probs
+    assert sum(probs) == pytest.approx(tokens_per_step(outs) - 1)
 
 
 def test_exported_directory_is_a_reduced_vocabulary_hf_draft(distilled):
@@ -213,4 +223,17 @@ def test_eagle_distillation_raises_acceptance_and_exports_a_draft_without_the_em
     want = [o.token_ids for o in LLM(model=str(tiny_target), dtype="float32").generate(prompts, GREEDY)]
     llm = LLM(model=str(tiny_target), dtype="float32", max_num_seqs=8,
               speculative_config={"method": "eagle", "model": str(tmp_path / "trained"), "num_speculative_tokens": 4})
-    assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == want
+    outs = llm.generate(prompts, GREEDY)
+    assert [o.token_ids for o in outs] == want
+    # Teacher-forced on the same replies, the draft's step 1 agrees about as often as the engine accepts
+    # its first drafted token (what the engine serves is what was trained), and far more than at init.
+    target, seqs = load_model(str(tiny_target), "float32").model, [p + w for p, w in zip(prompts, want)]
+    agreement = {}
+    for name in ("init", "trained"):
+        draft = load_model(str(tmp_path / name), "float32").model
+        draft.embed_tokens.weight = target.embed_tokens.weight
+        vocab_map = torch.tensor(json.loads((tmp_path / name / "vocab_map.json").read_text()))
+        agreement[name] = teacher_forced_agreement(target, draft, vocab_map, seqs, [len(p) for p in prompts])
+    assert agreement["trained"]["reply"] > agreement["init"]["reply"] + 0.15, agreement
+    first = position_acceptance(outs, 4)[0]
+    assert abs(agreement["trained"]["reply"] - first) < 0.1, (agreement, first)
