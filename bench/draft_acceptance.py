@@ -25,6 +25,7 @@ import torch
 
 from specserve import LLM, SamplingParams
 from specserve.distill import evaluate
+from specserve.model.loader import load_model
 from specserve.spec.drafts import resolve_draft
 
 TARGET = "smollm2-135m"
@@ -33,7 +34,6 @@ TARGET = "smollm2-135m"
 def decode_step_seconds(model_dir: str, steps: int = 64, context: int = 264) -> float:
     """Median time of a batch-1 decode forward of a model over its paged cache at ~`context` tokens."""
     from specserve.engine.model_runner import ForwardItem, ModelRunner
-    from specserve.model.loader import load_model
     m = load_model(model_dir, "bfloat16")
     block = 16
     blocks = (context + steps) // block + 2
@@ -67,13 +67,11 @@ def generation_rate(llm, prompts, max_tokens: int = 64) -> float:
     return n / (time.perf_counter() - t0)
 
 
-def teacher_forced(name: str, workloads: dict) -> dict:
+def teacher_forced(target, name: str, workloads: dict) -> dict:
     """workload -> (prompts, engine outputs): `evaluate.teacher_forced_agreement` on prompt + greedy reply."""
-    from specserve.model.loader import load_model
     draft = load_model(resolve_draft(name), "float32")
     if not draft.config.eagle:
         return {}
-    target = load_model(TARGET, "float32").model.to(torch.bfloat16)  # as distillation teaches it
     draft.model.embed_tokens.weight = torch.nn.Parameter(target.embed_tokens.weight.float(), requires_grad=False)
     vocab_path = draft.path / "vocab_map.json"
     vocab_map = torch.tensor(json.loads(vocab_path.read_text())) if vocab_path.exists() else None
@@ -102,6 +100,8 @@ def main() -> None:
     code = evaluate.code_prompts(tok, args.code_prompts)
     chat = evaluate.chat_prompts(tok, args.per_category)
     params = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
+    # The target in bf16, as distillation teaches it (its features are what the drafts learned to read).
+    teacher = load_model(TARGET, "float32").model.to(torch.bfloat16) if args.teacher_forced else None
     rows = {}
     for name in args.drafts:
         spec = {"model": name, "num_speculative_tokens": args.k}
@@ -117,7 +117,7 @@ def main() -> None:
         res["_positions"] = {"code": evaluate.position_acceptance(outs["code"], args.k),
                              "chat (all)": evaluate.position_acceptance(chat_outs, args.k)}
         if args.teacher_forced:
-            res["_teacher_forced"] = teacher_forced(name, {"code": (code, outs["code"]), "chat (all)": (
+            res["_teacher_forced"] = teacher_forced(teacher, name, {"code": (code, outs["code"]), "chat (all)": (
                 [p for cat in chat for p in chat[cat]], chat_outs)})
         draft_model = llm.engine.proposer.runner.model
         res["_params"] = stored_parameters(resolve_draft(name))

@@ -7,9 +7,9 @@ import torch
 
 from specserve import LLM, SamplingParams
 from specserve.distill.evaluate import position_acceptance, teacher_forced_agreement, tokens_per_step
-from specserve.model.loader import load_model
 from specserve.distill.pipeline import run
 from specserve.errors import SpecServeError
+from specserve.model.loader import load_model
 from tests.distill.conftest import tiny_config
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
