@@ -15,7 +15,6 @@ EAGLE draft's first step on the target's exact features of the same prompts and 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
@@ -27,6 +26,7 @@ from specserve import LLM, SamplingParams
 from specserve.distill import evaluate
 from specserve.model.loader import load_model
 from specserve.spec.drafts import resolve_draft
+from specserve.spec.setup import load_vocab_map, share_target_embedding
 
 TARGET = "smollm2-135m"
 
@@ -72,9 +72,8 @@ def teacher_forced(target, name: str, workloads: dict) -> dict:
     draft = load_model(resolve_draft(name), "float32")
     if not draft.config.eagle:
         return {}
-    draft.model.embed_tokens.weight = torch.nn.Parameter(target.embed_tokens.weight.float(), requires_grad=False)
-    vocab_path = draft.path / "vocab_map.json"
-    vocab_map = torch.tensor(json.loads(vocab_path.read_text())) if vocab_path.exists() else None
+    share_target_embedding(draft.model, target)
+    vocab_map = load_vocab_map(draft, target.config.vocab_size)
     return {w: evaluate.teacher_forced_agreement(target, draft.model, vocab_map,
                                                  [list(p) + list(o.token_ids) for p, o in zip(prompts, outs)],
                                                  [len(p) for p in prompts])

@@ -28,25 +28,35 @@ def load_draft(spec: SpeculativeConfig, target: LoadedModel, config) -> LoadedMo
         if draft.config.hidden_size != target.config.hidden_size:
             raise SpecServeError(f"EAGLE draft {spec.model} reads hidden states of width {draft.config.hidden_size}, "
                                  f"but the target's are {target.config.hidden_size} wide: it was made for another target")
-        # The draft reads tokens through the target's own embedding (not stored with the draft).
-        shared = target.model.embed_tokens.weight
-        draft.model.embed_tokens.weight = torch.nn.Parameter(shared.to(draft.model.fc.weight.dtype), requires_grad=False) \
-            if shared.dtype != draft.model.fc.weight.dtype else shared
+        share_target_embedding(draft.model, target.model)
     return draft
+
+
+def share_target_embedding(draft, target) -> None:
+    """An EAGLE draft (LlamaModel) reads tokens through the target's own embedding, not stored with it."""
+    shared = target.embed_tokens.weight
+    draft.embed_tokens.weight = torch.nn.Parameter(shared.to(draft.fc.weight.dtype), requires_grad=False) \
+        if shared.dtype != draft.fc.weight.dtype else shared
+
+
+def load_vocab_map(draft: LoadedModel, target_vocab_size: int) -> torch.Tensor | None:
+    """[draft vocab] target token id of each head row of a reduced-vocabulary draft; None for a full head."""
+    if not draft.config.draft_vocab_size:
+        return None
+    path = draft.path / "vocab_map.json"
+    if not path.exists():
+        raise SpecServeError(f"reduced-vocabulary draft {draft.path} has no vocab_map.json")
+    vocab_map = torch.tensor(json.loads(path.read_text()), dtype=torch.long)
+    if len(vocab_map) != draft.config.draft_vocab_size or int(vocab_map.max()) >= target_vocab_size:
+        raise SpecServeError(f"vocab_map.json in {draft.path} does not match draft_vocab_size / the target vocabulary")
+    return vocab_map
 
 
 def build_proposer(spec: SpeculativeConfig, draft: LoadedModel | None, target: LoadedModel, num_blocks: int,
                    block_size: int):
     if spec.method == "ngram":
         return NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max)
-    vocab_map = None
-    if draft.config.draft_vocab_size:
-        path = draft.path / "vocab_map.json"
-        if not path.exists():
-            raise SpecServeError(f"reduced-vocabulary draft {draft.path} has no vocab_map.json")
-        vocab_map = torch.tensor(json.loads(path.read_text()), dtype=torch.long)
-        if len(vocab_map) != draft.config.draft_vocab_size or int(vocab_map.max()) >= target.config.vocab_size:
-            raise SpecServeError(f"vocab_map.json in {draft.path} does not match draft_vocab_size / the target vocabulary")
+    vocab_map = load_vocab_map(draft, target.config.vocab_size)
     lookup = NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max) if spec.ngram_first else None
     proposer = EagleProposer if draft.config.eagle else DraftModelProposer
     return proposer(ModelRunner(draft.model, num_blocks, block_size), target.config.vocab_size, vocab_map,

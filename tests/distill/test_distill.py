@@ -10,6 +10,7 @@ from specserve.distill.evaluate import position_acceptance, teacher_forced_agree
 from specserve.distill.pipeline import run
 from specserve.errors import SpecServeError
 from specserve.model.loader import load_model
+from specserve.spec.setup import load_vocab_map, share_target_embedding
 from tests.distill.conftest import tiny_config
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
@@ -230,10 +231,10 @@ def test_eagle_distillation_raises_acceptance_and_exports_a_draft_without_the_em
     target, seqs = load_model(str(tiny_target), "float32").model, [p + w for p, w in zip(prompts, want)]
     agreement = {}
     for name in ("init", "trained"):
-        draft = load_model(str(tmp_path / name), "float32").model
-        draft.embed_tokens.weight = target.embed_tokens.weight
-        vocab_map = torch.tensor(json.loads((tmp_path / name / "vocab_map.json").read_text()))
-        agreement[name] = teacher_forced_agreement(target, draft, vocab_map, seqs, [len(p) for p in prompts])
+        draft = load_model(str(tmp_path / name), "float32")
+        share_target_embedding(draft.model, target)
+        agreement[name] = teacher_forced_agreement(target, draft.model, load_vocab_map(draft, target.config.vocab_size),
+                                                   seqs, [len(p) for p in prompts])
     assert agreement["trained"]["reply"] > agreement["init"]["reply"] + 0.15, agreement
     first = position_acceptance(outs, 4)[0]
     assert abs(agreement["trained"]["reply"] - first) < 0.1, (agreement, first)
