@@ -25,7 +25,7 @@ import torch
 from specserve import LLM, SamplingParams
 from specserve.distill import evaluate
 from specserve.model.loader import load_model
-from specserve.spec.drafts import resolve_draft
+from specserve.spec.drafts import resolve_drafts
 from specserve.spec.setup import load_vocab_map, share_target_embedding
 
 TARGET = "smollm2-135m"
@@ -69,7 +69,10 @@ def generation_rate(llm, prompts, max_tokens: int = 64) -> float:
 
 def teacher_forced(target, name: str, workloads: dict) -> dict:
     """workload -> (prompts, engine outputs): `evaluate.teacher_forced_agreement` on prompt + greedy reply."""
-    draft = load_model(resolve_draft(name), "float32")
+    dirs = resolve_drafts(name)
+    if len(dirs) > 1:  # routed drafts: each serves only its own requests; run them by name instead
+        return {}
+    draft = load_model(dirs[0], "float32")
     if not draft.config.eagle:
         return {}
     share_target_embedding(draft.model, target)
@@ -118,8 +121,13 @@ def main() -> None:
         if args.teacher_forced:
             res["_teacher_forced"] = teacher_forced(teacher, name, {"code": (code, outs["code"]), "chat (all)": (
                 [p for cat in chat for p in chat[cat]], chat_outs)})
-        draft_model = llm.engine.proposer.runner.model
-        res["_params"] = stored_parameters(resolve_draft(name))
+        proposer = llm.engine.proposer  # routed drafts (e.g. "default"): the first one's size and cost
+        if hasattr(proposer, "choose"):  # requests per draft, in the order the drafts are listed
+            routed = {"code": [proposer.choose(p) for p in code],
+                      "chat (all)": [proposer.choose(p) for cat in chat for p in chat[cat]]}
+            res["_routes"] = {w: [r.count(i) for i in range(len(proposer.proposers))] for w, r in routed.items()}
+        draft_model = getattr(proposer, "proposers", [proposer])[0].runner.model
+        res["_params"] = stored_parameters(resolve_drafts(name)[0])
         res["_flops"] = evaluate.forward_flops(draft_model.config, 264)
         rows[name] = res
         del llm
@@ -131,6 +139,10 @@ def main() -> None:
     print("|---|" + "---|" * len(args.drafts))
     for w in workloads:
         print(f"| {w} | " + " | ".join(f"{rows[d][w]:.2f}" for d in args.drafts) + " |")
+    for d in args.drafts:
+        for w, counts in rows[d].get("_routes", {}).items():
+            print(f"{d} routes the {sum(counts)} {w} prompts: " + ", ".join(
+                f"{n} to its draft {i + 1}" for i, n in enumerate(counts)))
     print("\nWhere the drafted tokens are lost: P(draft position i accepted) over all drafting steps, and in "
           "brackets the same given that position i - 1 was accepted")
     print("| draft | workload | " + " | ".join(f"position {i}" for i in range(1, args.k + 1)) + " |")
@@ -159,7 +171,7 @@ def main() -> None:
         base = generation_rate(plain, code[:8])
         print(f"plain decoding on 8 code prompts: {base:.1f} tok/s")
         for d in args.drafts:
-            d_step = decode_step_seconds(resolve_draft(d))
+            d_step = decode_step_seconds(resolve_drafts(d)[0])
             llm = LLM(model=TARGET, speculative_config={"model": d, "num_speculative_tokens": args.k},
                       num_threads=args.threads)
             sd = generation_rate(llm, code[:8])

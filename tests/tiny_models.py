@@ -56,16 +56,22 @@ def make_tiny_model(path: Path, seed: int, hidden: int = 64, layers: int = 2, he
     return path
 
 
-def make_tiny_eagle(path: Path, target: Path, noise: float, noise_seed: int = 0) -> Path:
+def make_tiny_eagle(path: Path, target: Path, noise: float, noise_seed: int = 0,
+                    draft_vocab: list[int] | None = None) -> Path:
     """An EAGLE-format draft for a tiny target: the target's own layers, norm and head behind
     fc = [identity on the token embedding | `noise`-scaled random weights on the target feature], so it
-    agrees with the target more often the smaller the noise, and the features really enter its input."""
+    agrees with the target more often the smaller the noise, and the features really enter its input.
+    `draft_vocab`: keep only these head rows (a reduced-vocabulary draft, with its vocab_map.json)."""
     from specserve.model.loader import load_model
     tgt = load_model(str(target), "float32").model
     cfg = ModelConfig.from_hf(json.loads((target / "config.json").read_text()))
     cfg.eagle = True
+    cfg.draft_vocab_size = len(draft_vocab) if draft_vocab else None
     model = LlamaModel(cfg)
-    model.load_state_dict(tgt.state_dict(), strict=False)
+    state = tgt.state_dict()
+    if draft_vocab:
+        state["lm_head.weight"] = state["lm_head.weight"][torch.tensor(draft_vocab)]
+    model.load_state_dict(state, strict=False)
     g = torch.Generator().manual_seed(noise_seed)
     with torch.no_grad():
         h = cfg.hidden_size
@@ -80,4 +86,6 @@ def make_tiny_eagle(path: Path, target: Path, noise: float, noise_seed: int = 0)
     (path / "config.json").write_text(json.dumps(cfg.to_hf()))
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (path / name).write_bytes((target / name).read_bytes())
+    if draft_vocab:
+        (path / "vocab_map.json").write_text(json.dumps(draft_vocab))
     return path

@@ -20,7 +20,7 @@ from specserve.model.kernels import argmax_rows
 from specserve.model.loader import load_model
 from specserve.spec.controller import StaticController
 from specserve.spec.rejection_sampler import rejection_sample
-from specserve.spec.setup import build_proposer, load_draft
+from specserve.spec.setup import build_proposer, load_drafts
 
 GiB = 1 << 30
 
@@ -39,10 +39,10 @@ class LLMEngine:
             raise SpecServeError(f"max_model_len {self.max_model_len} exceeds the model's context "
                                  f"({target.config.max_position_embeddings})")
         spec = config.speculative_config
-        draft = load_draft(spec, target, config) if spec else None
+        drafts = load_drafts(spec, target, config) if spec else []
         device, dtype = torch.device(config.device), target.model.embed_tokens.weight.dtype
         per_block = kv_bytes_per_block(target.model, config.block_size, dtype)
-        if draft is not None:
+        for draft in drafts:  # each draft has its own cache tensors over the target's block tables
             per_block += kv_bytes_per_block(draft.model, config.block_size, draft.model.embed_tokens.weight.dtype)
         budget = (config.kv_cache_memory * GiB if config.kv_cache_memory >= 1
                   else config.kv_cache_memory * available_memory_bytes(device))
@@ -54,7 +54,7 @@ class LLMEngine:
                                  f"tokens, fewer than max_model_len {self.max_model_len} + {k}; "
                                  "raise --kv-cache-memory or lower --max-model-len")
         self.runner = ModelRunner(target.model, num_blocks, config.block_size)
-        self.proposer = build_proposer(spec, draft, target, num_blocks, config.block_size) if spec else None
+        self.proposer = build_proposer(spec, drafts, target, num_blocks, config.block_size) if spec else None
         self.controller = StaticController(k, self.max_model_len) if spec else None
         self.scheduler = Scheduler(BlockManager(num_blocks, config.block_size), config.max_num_seqs,
                                    config.max_num_batched_tokens,

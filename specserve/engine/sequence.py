@@ -60,6 +60,7 @@ class Sequence:
         self.num_computed = 0        # tokens whose target KV is in the cache
         self.num_draft_computed = 0  # tokens whose draft-model KV is in the cache
         self.proposer_state = None   # the proposer's own per-request data (EAGLE: target features to read)
+        self.draft_index = None      # which of several drafts serves this request (spec/router.py)
         self.generator = None if params.greedy else torch.Generator()
         if self.generator is not None:
             self.generator.manual_seed(params.seed if params.seed is not None

@@ -34,10 +34,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def speculative_choice(args) -> tuple[str | None, str]:
-    """The --speculative-config to use and why. Without one, the shipped draft runs if it is there, but
+    """The --speculative-config to use and why. Without one, the shipped drafts run if they are there, but
     only with the default target: a draft must share the target's vocabulary."""
     from specserve.engine.config import EngineConfig
-    from specserve.spec.drafts import shipped_draft_dir
+    from specserve.spec.drafts import SHIPPED, shipped_draft_dir
 
     value = args.speculative_config
     if value is not None:
@@ -45,10 +45,10 @@ def speculative_choice(args) -> tuple[str | None, str]:
             return None, "speculative decoding off (--speculative-config none)"
         return value, "speculative config from --speculative-config"
     if args.model != EngineConfig().model:
-        return None, "speculative decoding off (no --speculative-config; the shipped draft pairs with the default model only)"
-    if (shipped_draft_dir("chat") / "config.json").exists():
-        return DEFAULT_SPECULATIVE, f"speculative decoding with the shipped draft: {DEFAULT_SPECULATIVE}"
-    return None, "speculative decoding off (no shipped draft is installed; pass --speculative-config)"
+        return None, "speculative decoding off (no --speculative-config; the shipped drafts pair with the default model only)"
+    if all((shipped_draft_dir(name) / "config.json").exists() for name in SHIPPED):
+        return DEFAULT_SPECULATIVE, f"speculative decoding with the shipped drafts: {DEFAULT_SPECULATIVE}"
+    return None, "speculative decoding off (the shipped drafts are not installed; pass --speculative-config)"
 
 
 def _serve(args) -> int:

@@ -8,6 +8,10 @@
     {"method": "eagle", "model": "DIR_OR_ALIAS", "num_speculative_tokens": 4}
                                       a draft that reads the target's hidden state (`specserve distill
                                       --method eagle`); "draft_model" with such a directory works too
+    {"model": ["code", "chat"], "num_speculative_tokens": 4}
+                                      several reduced-vocabulary drafts: each request is drafted by the
+                                      one whose vocabulary covers its prompt best (spec/router.py);
+                                      "default" is every shipped draft this way
 """
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ MAX_SPECULATIVE_TOKENS = 16  # verify queries stay in the "short" attention grou
 @dataclass(slots=True)
 class SpeculativeConfig:
     method: str = "draft_model"
-    model: str | None = None
+    model: str | list[str] | None = None  # a list: route each request to one of these drafts
     num_speculative_tokens: int = 4
     prompt_lookup_max: int = 4
     prompt_lookup_min: int = 2
@@ -38,6 +42,8 @@ class SpeculativeConfig:
         if not 1 <= self.num_speculative_tokens < MAX_SPECULATIVE_TOKENS:
             raise SpecServeError(f"num_speculative_tokens must be in [1, {MAX_SPECULATIVE_TOKENS - 1}], "
                                  f"got {self.num_speculative_tokens}")
+        if isinstance(self.model, list) and not (self.model and all(isinstance(m, str) and m for m in self.model)):
+            raise SpecServeError(f'"model" must be a draft name or a non-empty list of draft names, got {self.model!r}')
         if self.method in ("draft_model", "eagle") and not self.model:
             raise SpecServeError('speculative config needs "model" (a draft directory or alias) '
                                  'or "method": "ngram"')

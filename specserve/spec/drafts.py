@@ -1,9 +1,9 @@
 """Draft models shipped with specserve (see specserve/drafts/) and how `"model"` names resolve.
 
-`"model": "code"` or `"model": "chat"` picks a shipped draft explicitly. `"model": "default"` picks the
-one named by the environment variable SPECSERVE_DEFAULT_DRAFT (code or chat), else DEFAULT_DRAFT: one
-draft serves all requests of an engine, so the choice is per deployment, not per request; the default is
-the draft that measured best on both workloads together (docs/distill.md, bench/draft_acceptance.py).
+`"model": "code"` or `"model": "chat"` picks a shipped draft. `"model": "default"` loads both and drafts
+each request with the one whose vocabulary covers its prompt best (spec/router.py), so one server serves
+code completion and chat each with its own draft; the environment variable SPECSERVE_DEFAULT_DRAFT (code
+or chat) pins "default" to one of them instead. A list of names or directories routes between those.
 """
 from __future__ import annotations
 
@@ -13,8 +13,7 @@ from pathlib import Path
 
 from specserve.errors import SpecServeError
 
-SHIPPED = ("code", "chat")
-DEFAULT_DRAFT = "code"
+SHIPPED = ("code", "chat")  # routing breaks ties in this order
 DEFAULT_ENV = "SPECSERVE_DEFAULT_DRAFT"
 
 
@@ -22,17 +21,22 @@ def shipped_draft_dir(name: str) -> Path:
     return Path(str(resources.files("specserve") / "drafts" / name))
 
 
-def default_draft() -> str:
-    name = os.environ.get(DEFAULT_ENV) or DEFAULT_DRAFT
-    if name not in SHIPPED:
-        raise SpecServeError(f"{DEFAULT_ENV}={name!r}: choose one of {', '.join(SHIPPED)}")
-    return name
-
-
 def resolve_draft(name: str) -> str:
-    """`default`, `code` or `chat` name a shipped draft; anything else is a path or a model alias."""
-    if name == "default":
-        name = default_draft()
+    """`code` or `chat` name a shipped draft; anything else is a path or a model alias."""
     if name in SHIPPED and (shipped_draft_dir(name) / "config.json").exists():
         return str(shipped_draft_dir(name))
     return name
+
+
+def resolve_drafts(model: str | list[str]) -> list[str]:
+    """The draft(s) a speculative config's "model" names: several are routed per request."""
+    if isinstance(model, list):
+        return [resolve_draft(name) for name in model]
+    if model != "default":
+        return [resolve_draft(model)]
+    pinned = os.environ.get(DEFAULT_ENV)
+    if pinned is not None:
+        if pinned not in SHIPPED:
+            raise SpecServeError(f"{DEFAULT_ENV}={pinned!r}: choose one of {', '.join(SHIPPED)}")
+        return [resolve_draft(pinned)]
+    return [resolve_draft(name) for name in SHIPPED]

@@ -11,22 +11,28 @@ from specserve.model.loader import LoadedModel, load_model
 from specserve.spec.config import SpeculativeConfig
 from specserve.spec.eagle import EagleProposer
 from specserve.spec.proposer import DraftModelProposer, NgramProposer
+from specserve.spec.router import RoutedProposer
 
 
-def load_draft(spec: SpeculativeConfig, target: LoadedModel, config) -> LoadedModel | None:
+def load_drafts(spec: SpeculativeConfig, target: LoadedModel, config) -> list[LoadedModel]:
+    """The draft models `spec` names (none for n-gram lookup; several are routed per request)."""
     if spec.method == "ngram":
-        return None
-    from specserve.spec.drafts import resolve_draft
-    draft = load_model(resolve_draft(spec.model), spec.draft_dtype or config.dtype, config.device)
+        return []
+    from specserve.spec.drafts import resolve_drafts
+    return [load_draft(name, spec, target, config) for name in resolve_drafts(spec.model)]
+
+
+def load_draft(name: str, spec: SpeculativeConfig, target: LoadedModel, config) -> LoadedModel:
+    draft = load_model(name, spec.draft_dtype or config.dtype, config.device)
     if draft.tokenizer.hf.get_vocab() != target.tokenizer.hf.get_vocab():
-        raise SpecServeError(f"draft model {spec.model} has a different tokenizer than the target "
+        raise SpecServeError(f"draft model {name} has a different tokenizer than the target "
                              f"{config.model}; speculative decoding needs the same vocabulary")
     if spec.method == "eagle" and not draft.config.eagle:
         raise SpecServeError(f'"method": "eagle" needs an EAGLE draft (made by `specserve distill --method eagle`); '
-                             f"{spec.model} is a standalone draft: use \"method\": \"draft_model\"")
+                             f"{name} is a standalone draft: use \"method\": \"draft_model\"")
     if draft.config.eagle:
         if draft.config.hidden_size != target.config.hidden_size:
-            raise SpecServeError(f"EAGLE draft {spec.model} reads hidden states of width {draft.config.hidden_size}, "
+            raise SpecServeError(f"EAGLE draft {name} reads hidden states of width {draft.config.hidden_size}, "
                                  f"but the target's are {target.config.hidden_size} wide: it was made for another target")
         share_target_embedding(draft.model, target.model)
     return draft
@@ -52,10 +58,15 @@ def load_vocab_map(draft: LoadedModel, target_vocab_size: int) -> torch.Tensor |
     return vocab_map
 
 
-def build_proposer(spec: SpeculativeConfig, draft: LoadedModel | None, target: LoadedModel, num_blocks: int,
+def build_proposer(spec: SpeculativeConfig, drafts: list[LoadedModel], target: LoadedModel, num_blocks: int,
                    block_size: int):
     if spec.method == "ngram":
         return NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max)
+    if len(drafts) > 1:
+        vocab = target.config.vocab_size
+        return RoutedProposer([build_proposer(spec, [d], target, num_blocks, block_size) for d in drafts],
+                              [load_vocab_map(d, vocab) for d in drafts], vocab)
+    draft = drafts[0]
     vocab_map = load_vocab_map(draft, target.config.vocab_size)
     lookup = NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max) if spec.ngram_first else None
     proposer = EagleProposer if draft.config.eagle else DraftModelProposer

@@ -19,26 +19,37 @@ def test_shipped_draft_is_a_small_reduced_vocabulary_hf_directory(name):
     assert "specserve distill" in (d / "TRAINING.md").read_text()
 
 
-def test_default_resolves_to_a_shipped_draft_and_the_environment_chooses(monkeypatch):
+def test_default_routes_between_the_shipped_drafts_and_the_environment_pins_one(monkeypatch):
     monkeypatch.delenv(drafts.DEFAULT_ENV, raising=False)
-    assert drafts.resolve_draft("default") == str(drafts.shipped_draft_dir(drafts.DEFAULT_DRAFT))
+    shipped = [str(drafts.shipped_draft_dir(name)) for name in ("code", "chat")]
+    assert drafts.resolve_drafts("default") == shipped
     monkeypatch.setenv(drafts.DEFAULT_ENV, "chat")
-    assert drafts.resolve_draft("default") == str(drafts.shipped_draft_dir("chat"))
+    assert drafts.resolve_drafts("default") == shipped[1:]
     monkeypatch.setenv(drafts.DEFAULT_ENV, "poetry")
     with pytest.raises(SpecServeError, match="choose one of"):
-        drafts.resolve_draft("default")
-    assert drafts.resolve_draft("/some/dir") == "/some/dir"
+        drafts.resolve_drafts("default")
+    assert drafts.resolve_drafts("/some/dir") == ["/some/dir"]
+    assert drafts.resolve_drafts(["chat", "/some/dir"]) == [shipped[1], "/some/dir"]
 
 
-def test_default_draft_speculates_for_smollm2(smollm2_dir):
-    """Float32: in bf16 the target's GEMMs may round a row differently when a step carries 1 or k+1 rows of
+def test_default_drafts_speculate_for_smollm2_each_on_its_own_prompts(smollm2_dir, monkeypatch):
+    """"default" routes a Python prompt to the code draft and a prose question to the chat draft, in one
+    batch, and both stay token-identical to plain greedy decoding.
+
+    Float32: in bf16 the target's GEMMs may round a row differently when a step carries 1 or k+1 rows of
     a sequence (oneDNN picks kernels by row count), which can flip a near-tied argmax; see the README's
-    note on losslessness. On this prompt that happened at the 7th token in bf16 with an earlier build."""
+    note on losslessness. On the code prompt that happened at the 7th token in bf16 with an earlier build."""
     from specserve import LLM, SamplingParams
+    from tests.spec.test_router import recording_routes
+    monkeypatch.delenv(drafts.DEFAULT_ENV, raising=False)
     params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+    prompts = ["def fibonacci(n):\n    ", "Why do leaves change their colour in autumn? Explain it to a child."]
     llm = LLM(model=str(smollm2_dir), dtype="float32",
               speculative_config={"model": "default", "num_speculative_tokens": 4})
-    out = llm.generate(["def fibonacci(n):\n    "], params)[0]
-    assert out.spec["num_drafts"] > 0 and out.spec["num_accepted_tokens"] > 0
-    plain = LLM(model=str(smollm2_dir), dtype="float32").generate(["def fibonacci(n):\n    "], params)[0]
-    assert out.token_ids == plain.token_ids
+    routes = recording_routes(llm.engine.proposer)
+    outs = llm.generate(prompts, params)
+    assert sorted(routes.values()) == [0, 1]  # code draft (listed first) for the code, chat for the prose
+    assert routes[tuple(llm.tokenizer.encode(prompts[0]))] == 0
+    assert all(o.spec["num_drafts"] > 0 and o.spec["num_accepted_tokens"] > 0 for o in outs)
+    plain = LLM(model=str(smollm2_dir), dtype="float32").generate(prompts, params)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in plain]

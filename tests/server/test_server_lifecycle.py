@@ -127,6 +127,9 @@ def test_default_speculative_config(monkeypatch, tmp_path):
     assert server_cli.speculative_choice(_args())[0] is None  # no shipped draft yet: plain decoding
     (tmp_path / "chat").mkdir()
     (tmp_path / "chat" / "config.json").write_text("{}")
+    assert server_cli.speculative_choice(_args())[0] is None  # "default" routes between both: both needed
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "config.json").write_text("{}")
     assert json.loads(server_cli.speculative_choice(_args())[0]) == {"model": "default", "num_speculative_tokens": 3,
                                                                      "ngram_first": True}
     assert server_cli.speculative_choice(_args(model="/some/other/model"))[0] is None  # vocabularies differ

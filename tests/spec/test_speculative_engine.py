@@ -138,6 +138,14 @@ def test_sampled_sd_follows_the_target_distribution(tiny_target, request, draft,
     outs = llm.generate([prompt] * n, [SamplingParams(**base, seed=s) for s in range(n)])
     assert sum(o.spec["num_accepted_tokens"] for o in outs) > 20  # the accept path is exercised
     assert sum(o.spec["num_draft_tokens"] - o.spec["num_accepted_tokens"] for o in outs) > 1000  # and rejected
+    assert_follows(outs, p1, p2)
+
+
+def assert_follows(outs, p1, p2) -> None:
+    """The first two tokens of `outs` (one prompt, independent seeds) are distributed as p1 and p2: the
+    empirical distribution converges (all of them closer than the first 300) and is close in TV, and
+    much closer than random distributions on the same support."""
+    n = len(outs)
     for pos, exact in ((0, p1), (1, p2)):
         counts = torch.bincount(torch.tensor([o.token_ids[pos] for o in outs]), minlength=exact.numel()).float()
         small = torch.bincount(torch.tensor([o.token_ids[pos] for o in outs[:300]]),
