@@ -122,10 +122,11 @@ def main() -> None:
             res["_teacher_forced"] = teacher_forced(teacher, name, {"code": (code, outs["code"]), "chat (all)": (
                 [p for cat in chat for p in chat[cat]], chat_outs)})
         proposer = llm.engine.proposer  # routed drafts (e.g. "default"): the first one's size and cost
-        if hasattr(proposer, "choose"):  # requests per draft, in the order the drafts are listed
-            routed = {"code": [proposer.choose(p) for p in code],
-                      "chat (all)": [proposer.choose(p) for cat in chat for p in chat[cat]]}
-            res["_routes"] = {w: [r.count(i) for i in range(len(proposer.proposers))] for w, r in routed.items()}
+        if hasattr(proposer, "choose"):  # per draft, in the order listed: requests routed, mean share kept
+            for w, prompts in (("code", code), ("chat (all)", [p for cat in chat for p in chat[cat]])):
+                routes = [proposer.choose(p) for p in prompts]
+                kept = torch.tensor([proposer.coverage(p) for p in prompts]).mean(dim=0).tolist()
+                res.setdefault("_routes", {})[w] = [(routes.count(i), kept[i]) for i in range(len(kept))]
         draft_model = getattr(proposer, "proposers", [proposer])[0].runner.model
         res["_params"] = stored_parameters(resolve_drafts(name)[0])
         res["_flops"] = evaluate.forward_flops(draft_model.config, 264)
@@ -140,9 +141,10 @@ def main() -> None:
     for w in workloads:
         print(f"| {w} | " + " | ".join(f"{rows[d][w]:.2f}" for d in args.drafts) + " |")
     for d in args.drafts:
-        for w, counts in rows[d].get("_routes", {}).items():
-            print(f"{d} routes the {sum(counts)} {w} prompts: " + ", ".join(
-                f"{n} to its draft {i + 1}" for i, n in enumerate(counts)))
+        for w, per_draft in rows[d].get("_routes", {}).items():
+            print(f"{d} routes the {sum(n for n, _ in per_draft)} {w} prompts: " + ", ".join(
+                f"{n} to its draft {i + 1} (keeps {kept:.1%} of their tokens on average)"
+                for i, (n, kept) in enumerate(per_draft)))
     print("\nWhere the drafted tokens are lost: P(draft position i accepted) over all drafting steps, and in "
           "brackets the same given that position i - 1 was accepted")
     print("| draft | workload | " + " | ".join(f"position {i}" for i in range(1, args.k + 1)) + " |")

@@ -2,8 +2,8 @@
 
 A reduced-vocabulary draft keeps the tokens most frequent in its training corpus (`specserve distill
 --draft-vocab`), so the share of a prompt's tokens it keeps says how close the prompt is to what the
-draft learned: the shipped code draft keeps all but a few percent of a Python file's tokens and about 72 %
-of a Spec-Bench question's, the chat draft about 84 % of the question's. No classifier, no extra model:
+draft learned: on average the shipped code draft keeps 98 % of a held-out Python prefix's tokens and 75 %
+of a Spec-Bench question's, the chat draft 84 % and 90 % (bench/draft_acceptance.py). No classifier:
 one lookup per prompt token, once per request. The choice is kept for the request's lifetime, because a
 draft's cache rows (and an EAGLE draft's buffered target features) belong to the draft that made them.
 
@@ -34,9 +34,13 @@ class RoutedProposer:
         for i, vocab_map in enumerate(vocab_maps):
             self.kept[i, vocab_map] = True
 
+    def coverage(self, prompt: list[int]) -> list[float]:
+        """The share of the prompt's tokens each draft keeps."""
+        return self.kept[:, torch.tensor(prompt, dtype=torch.long)].float().mean(dim=1).tolist()
+
     def choose(self, prompt: list[int]) -> int:
         """The draft keeping the largest share of the prompt's tokens (ties: the first listed)."""
-        coverage = self.kept[:, torch.tensor(prompt, dtype=torch.long)].float().mean(dim=1).tolist()
+        coverage = self.coverage(prompt)
         return coverage.index(max(coverage))
 
     def route(self, seq) -> int:
