@@ -14,8 +14,13 @@ tokens/step * T_dense / (T_verify(k) + T_draft(k)), with T_dense the mean plain 
 T_verify the mean target forward over k+1 tokens and T_draft the mean drafting time of a step.
 Then the same k at batch 8 and 32 (all prompts submitted at once) to show how the speedup falls.
 
+Workload `mixed` interleaves the code and chat prompts (one engine serving both) and compares the drafts
+of --mixed-drafts on them: one shipped draft for all requests, or `default`, which drafts each request
+with the draft matching its prompt (spec/router.py) at the price of one draft forward per draft and
+drafting step when a batch holds both kinds.
+
     python bench/spec_decode.py [--draft code|chat|DIR] [--code-prompts 40] [--chat-prompts 80] [--ks 1,2,...]
-        [--methods draft,ngram,draft+ngram]
+        [--methods draft,ngram,draft+ngram] [--workloads code,chat,mixed] [--mixed-drafts code,chat,default]
 """
 from __future__ import annotations
 
@@ -46,6 +51,14 @@ def chat_prompts(tokenizer, n: int) -> tuple[list[list[int]], list[str]]:
     step = max(1, len(rows) // n)
     rows = rows[::step][:n]  # spread over every category
     return [tokenizer.encode_chat([{"role": "user", "content": r["text"]}]) for r in rows], [r["category"] for r in rows]
+
+
+def method_specs(method: str, drafts: list[str]) -> list[tuple[str, dict]]:
+    """(name, speculative config) of a method for each draft (n-gram lookup needs none)."""
+    if method == "ngram":
+        return [("ngram", {"method": "ngram"})]
+    suffix = "+ngram" if method == "draft+ngram" else ""
+    return [(f"draft:{d}{suffix}", {"model": d, "ngram_first": bool(suffix)}) for d in drafts]
 
 
 class Config:
@@ -148,21 +161,23 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--workloads", default="code,chat")
     p.add_argument("--methods", default="draft,ngram,draft+ngram")
+    p.add_argument("--mixed-drafts", default="code,chat,default", help="drafts compared on the mixed workload")
     args = p.parse_args()
     ks = [int(k) for k in args.ks.split(",")]
     dense = Config("no SD", 0, None, args)
     tokenizer = dense.llm.tokenizer
     for workload in args.workloads.split(","):
-        draft = args.draft if workload == "code" else args.chat_draft
-        specs = {"draft": (f"draft:{draft}", {"model": draft}),
-                 "ngram": ("ngram", {"method": "ngram"}),
-                 "draft+ngram": (f"draft:{draft}+ngram", {"model": draft, "ngram_first": True})}
-        configs = [dense] + [Config(specs[m][0], k, specs[m][1] | {"num_speculative_tokens": k}, args)
-                             for m in args.methods.split(",") for k in ks]
+        drafts = {"code": [args.draft], "chat": [args.chat_draft], "mixed": args.mixed_drafts.split(",")}[workload]
+        configs = [dense] + [Config(name, k, spec | {"num_speculative_tokens": k}, args)
+                             for m in args.methods.split(",") for name, spec in method_specs(m, drafts) for k in ks]
         if workload == "code":
             prompts, cats = code_prompts(tokenizer, args.code_prompts), None
-        else:
+        elif workload == "chat":
             prompts, cats = chat_prompts(tokenizer, args.chat_prompts)
+        else:  # code and chat alternating, so that every batch holds both
+            code, chat = code_prompts(tokenizer, args.code_prompts), chat_prompts(tokenizer, args.chat_prompts)[0]
+            prompts = [p for pair in zip(code, chat) for p in pair] + code[len(chat):] + chat[len(code):]
+            cats = None
         for c in configs:
             c.reset()
         for i, prompt in enumerate(prompts):  # batch 1, interleaved across configurations
