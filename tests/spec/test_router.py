@@ -62,6 +62,29 @@ def test_requests_go_to_the_draft_covering_their_prompt_and_greedy_stays_identic
         assert sum(o.spec["num_accepted_tokens"] for o, r in zip(outs, routes) if r == route) > 20
 
 
+def test_routed_greedy_with_preemption_and_aborts(tiny_target, drafts):
+    """A small KV cache preempts requests of both routes (recomputed later, on the same draft), and an
+    aborted request frees its blocks; the survivors stay token-identical."""
+    ps, _ = mixed_prompts(40, seed=11)
+    want = [o.token_ids for o in LLM(model=str(tiny_target), dtype="float32").generate(ps, GREEDY)]
+    spec = {"model": [str(drafts["low"]), str(drafts["high"])], "num_speculative_tokens": 4}
+    llm = LLM(model=str(tiny_target), dtype="float32", speculative_config=spec, num_kv_blocks=40, block_size=4,
+              max_model_len=96, max_num_seqs=16)
+    assert [o.token_ids for o in llm.generate(ps, GREEDY)] == want
+    assert llm.engine.scheduler.num_preemptions > 0
+    engine = llm.engine
+    ids = [engine.add_request(p, GREEDY) for p in ps[:6]]
+    engine.step()
+    engine.step()
+    engine.abort(ids[0])
+    done = {}
+    while engine.has_unfinished():
+        done.update((o.request_id, o) for o in engine.step() if o.finished)
+    assert done[ids[0]].finish_reason == "abort"
+    assert [done[i].token_ids for i in ids[1:]] == want[1:6]
+    assert engine.scheduler.blocks.num_free == 40
+
+
 def test_sampled_sd_with_both_drafts_in_one_batch_follows_the_target_distribution(tiny_target, drafts):
     """T = 0.8, top-p 0.9, drafts that get about a third of their tokens accepted: requests of both routes
     interleaved in every batch, each request's first two tokens against the exact marginals of its prompt.
