@@ -101,6 +101,7 @@ def main() -> None:
     tok = plain.tokenizer
     code = evaluate.code_prompts(tok, args.code_prompts)
     chat = evaluate.chat_prompts(tok, args.per_category)
+    chat_all = [p for cat in chat for p in chat[cat]]
     params = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
     # The target in bf16, as distillation teaches it (its features are what the drafts learned to read).
     teacher = load_model(TARGET, "float32").model.to(torch.bfloat16) if args.teacher_forced else None
@@ -114,16 +115,16 @@ def main() -> None:
             outs[cat] = llm.generate(prompts, params)
             print(f"{name} {cat}: {evaluate.tokens_per_step(outs[cat]):.2f}", file=sys.stderr, flush=True)
         res = {w: evaluate.tokens_per_step(o) for w, o in outs.items()}
-        chat_outs = [o for cat in chat for o in outs[cat]]
+        chat_outs = [o for cat in chat for o in outs[cat]]  # in the order of chat_all
         res["chat (all)"] = evaluate.tokens_per_step(chat_outs)
         res["_positions"] = {"code": evaluate.position_acceptance(outs["code"], args.k),
                              "chat (all)": evaluate.position_acceptance(chat_outs, args.k)}
         if args.teacher_forced:
-            res["_teacher_forced"] = teacher_forced(teacher, name, {"code": (code, outs["code"]), "chat (all)": (
-                [p for cat in chat for p in chat[cat]], chat_outs)})
+            res["_teacher_forced"] = teacher_forced(teacher, name, {"code": (code, outs["code"]),
+                                                                    "chat (all)": (chat_all, chat_outs)})
         proposer = llm.engine.proposer  # routed drafts (e.g. "default"): the first one's size and cost
         if hasattr(proposer, "choose"):  # per draft, in the order listed: requests routed, mean share kept
-            for w, prompts in (("code", code), ("chat (all)", [p for cat in chat for p in chat[cat]])):
+            for w, prompts in (("code", code), ("chat (all)", chat_all)):
                 routes = [proposer.choose(p) for p in prompts]
                 kept = torch.tensor([proposer.coverage(p) for p in prompts]).mean(dim=0).tolist()
                 res.setdefault("_routes", {})[w] = [(routes.count(i), kept[i]) for i in range(len(kept))]

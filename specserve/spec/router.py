@@ -55,9 +55,11 @@ class RoutedProposer:
         tokens: list[list[int]] = [[] for _ in range(n)]
         conf: list[list[float]] = [[] for _ in range(n)]
         probs = None  # [n, max drafts, vocab] once some draft returns q rows (sampled requests)
+        routes = [self.route(s.seq) for s in decodes]
+        prefill_routes = [self.route(s.seq) for s in prefills]
         for index, proposer in enumerate(self.proposers):
-            mine = [i for i, s in enumerate(decodes) if self.route(s.seq) == index]
-            own_prefills = [s for s in prefills if self.route(s.seq) == index]
+            mine = [i for i, r in enumerate(routes) if r == index]
+            own_prefills = [s for s, r in zip(prefills, prefill_routes) if r == index]
             if not any(decodes[i].max_drafts for i in mine) and not (own_prefills and self.has_cache):
                 continue
             proposal = proposer.propose(own_prefills, [decodes[i] for i in mine], controller)
