@@ -137,7 +137,26 @@ def spec_totals(per_response: list[dict]) -> dict | None:
             if i >= len(per_pos):
                 per_pos.append(0)
             per_pos[i] += int(a)
-    return spec_summary(drafts, drafted, accepted, per_pos or None, "responses")
+    summary = spec_summary(drafts, drafted, accepted, per_pos or None, "responses")
+    routed = per_draft(per_response)
+    if routed:
+        summary["per_draft"] = routed
+    return summary
+
+
+def per_draft(per_response: list[dict]) -> dict:
+    """Requests and mean acceptance length of each draft, where the server routes between several."""
+    out: dict[str, dict] = {}
+    for s in per_response:
+        if s.get("draft") is None:
+            continue
+        d = out.setdefault(s["draft"], {"requests": 0, "num_drafts": 0, "num_accepted_tokens": 0})
+        d["requests"] += 1
+        d["num_drafts"] += int(s.get("num_drafts") or 0)
+        d["num_accepted_tokens"] += int(s.get("num_accepted_tokens") or 0)
+    for d in out.values():
+        d["mean_acceptance_length"] = 1 + d["num_accepted_tokens"] / d["num_drafts"] if d["num_drafts"] else None
+    return out
 
 
 def spec_summary(drafts: float, drafted: float, accepted: float, per_pos: list | None, source: str) -> dict:

@@ -76,6 +76,10 @@ def print_run(record: dict) -> None:
         rows.append(("acceptance rate / mean acceptance length",
                      f"{_num(spec.get('acceptance_rate'), '{:.3f}')} / "
                      f"{_num(spec.get('mean_acceptance_length'))} ({spec.get('source')})"))
+        if spec.get("per_draft"):
+            rows.append(("routed drafts: requests (mean acceptance length)", ", ".join(
+                f"{name} {d['requests']} ({_num(d['mean_acceptance_length'])})"
+                for name, d in spec["per_draft"].items())))
     if record.get("preemptions") is not None:
         rows.append(("preemptions", str(record["preemptions"])))
     for r in rows:

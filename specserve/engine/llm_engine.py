@@ -234,12 +234,15 @@ class LLMEngine:
 
     def _output(self, seq: Sequence, new_tokens: list[int]) -> RequestOutput:
         finished = seq.status == Status.FINISHED
+        spec = seq.spec.as_dict()
+        if seq.draft_index is not None:  # several drafts: say which one served the request
+            spec["draft"] = self.proposer.names[seq.draft_index]
         return RequestOutput(
             request_id=seq.request_id, prompt=seq.prompt, prompt_token_ids=seq.token_ids[:seq.num_prompt_tokens],
             text=seq.text, token_ids=seq.output_token_ids, delta_text=seq.take_new_text(),
             delta_token_ids=new_tokens, finished=finished, finish_reason=seq.finish_reason,
             stop_reason=seq.stop_reason, logprobs=list(seq.logprobs) if seq.params.logprobs else None,
-            spec=seq.spec.as_dict(),
+            spec=spec,
             metrics={"arrival_time": seq.arrival_time, "first_scheduled_time": seq.first_scheduled_time,
                      "first_token_time": seq.first_token_time, "finished_time": seq.finished_time,
                      "num_prompt_tokens": seq.num_prompt_tokens, "num_output_tokens": seq.num_output_tokens})

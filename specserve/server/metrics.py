@@ -64,11 +64,26 @@ class ServerMetrics:
                                  "(0 = no drafting for that request)", DRAFT_LENGTH_BUCKETS)
         self.step_draft_length = hist("spec_decode_step_draft_length", "Longest draft of each step with "
                                       "decodes: the speculation length the step used", DRAFT_LENGTH_BUCKETS)
+        # With several drafts routed per request (spec/router.py): each draft's share of the traffic and its
+        # acceptance (1 + accepted / drafts), counted when a request finishes.
+        d = m + ["draft"]
+        self.routed_requests = Counter(P + "spec_decode_draft_requests", "Finished requests each draft served",
+                                       d, registry=r)
+        self.routed_drafts = Counter(P + "spec_decode_draft_num_drafts", "spec_decode_num_drafts by draft", d,
+                                     registry=r)
+        self.routed_draft_tokens = Counter(P + "spec_decode_draft_num_draft_tokens",
+                                           "spec_decode_num_draft_tokens by draft", d, registry=r)
+        self.routed_accepted = Counter(P + "spec_decode_draft_num_accepted_tokens",
+                                       "spec_decode_num_accepted_tokens by draft", d, registry=r)
+        self._routed = (self.routed_requests, self.routed_drafts, self.routed_draft_tokens, self.routed_accepted)
         # Create every series now, so a scraper sees 0 rather than no series before the first event.
         for metric in (self.prompt_tokens, self.generation_tokens, self.preemptions, self.ttft, self.tpot, self.itl,
                        self.e2e, self.queue, self.spec_drafts, self.spec_draft_tokens, self.spec_accepted,
                        self.draft_length, self.step_draft_length):
             metric.labels(model_name)
+        for draft in getattr(engine.engine.proposer, "names", ()):
+            for metric in self._routed:
+                metric.labels(model_name, draft)
         for reason in ("stop", "length", "abort"):
             self.requests.labels(model_name, reason)
         self._last_output: dict[str, float] = {}  # request id -> time of its previous output (step thread only)
@@ -119,6 +134,11 @@ class ServerMetrics:
             return
         self._last_output.pop(out.request_id, None)
         self.requests.labels(model, out.finish_reason or "unknown").inc()
+        if out.spec.get("draft") is not None:
+            spec = out.spec
+            for metric, n in zip(self._routed, (1, spec["num_drafts"], spec["num_draft_tokens"],
+                                                spec["num_accepted_tokens"])):
+                metric.labels(model, spec["draft"]).inc(n)
         if out.finish_reason == "abort":
             return  # cut short by the client: its latencies describe the client, not the server
         arrival, first, done = t["arrival_time"], t["first_token_time"], t["finished_time"]

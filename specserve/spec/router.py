@@ -21,7 +21,8 @@ from specserve.spec.proposer import Proposal
 
 
 class RoutedProposer:
-    def __init__(self, proposers: list, vocab_maps: list[torch.Tensor | None], vocab_size: int):
+    def __init__(self, proposers: list, vocab_maps: list[torch.Tensor | None], vocab_size: int,
+                 names: list[str]):
         kinds = {(p.has_cache, p.reads_target_hidden) for p in proposers}
         if len(kinds) != 1:
             raise SpecServeError("drafts to route between must be of one kind: all EAGLE or all standalone")
@@ -29,6 +30,7 @@ class RoutedProposer:
             raise SpecServeError("routing between drafts needs reduced-vocabulary drafts (`specserve distill "
                                  "--draft-vocab`): their kept vocabularies are what picks the draft")
         self.proposers = proposers
+        self.names = names  # shown per request (the response's "speculative" stats) and in the metrics
         self.has_cache, self.reads_target_hidden = kinds.pop()
         self.kept = torch.zeros(len(proposers), vocab_size, dtype=torch.bool)  # [drafts, vocab]
         for i, vocab_map in enumerate(vocab_maps):

@@ -58,6 +58,12 @@ def load_vocab_map(draft: LoadedModel, target_vocab_size: int) -> torch.Tensor |
     return vocab_map
 
 
+def draft_names(drafts: list[LoadedModel]) -> list[str]:
+    """Each draft's directory name ("code", "chat" for the shipped ones), or its whole path where two share one."""
+    names = [d.path.name for d in drafts]
+    return names if len(set(names)) == len(names) else [str(d.path) for d in drafts]
+
+
 def build_proposer(spec: SpeculativeConfig, drafts: list[LoadedModel], target: LoadedModel, num_blocks: int,
                    block_size: int):
     if spec.method == "ngram":
@@ -65,7 +71,7 @@ def build_proposer(spec: SpeculativeConfig, drafts: list[LoadedModel], target: L
     if len(drafts) > 1:
         vocab = target.config.vocab_size
         return RoutedProposer([build_proposer(spec, [d], target, num_blocks, block_size) for d in drafts],
-                              [load_vocab_map(d, vocab) for d in drafts], vocab)
+                              [load_vocab_map(d, vocab) for d in drafts], vocab, draft_names(drafts))
     draft = drafts[0]
     vocab_map = load_vocab_map(draft, target.config.vocab_size)
     lookup = NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max) if spec.ngram_first else None

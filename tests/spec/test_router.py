@@ -5,7 +5,10 @@ import random
 import pytest
 
 from specserve import LLM, SamplingParams
+from specserve.benchmark.metrics import spec_totals
+from specserve.engine.async_engine import AsyncLLMEngine
 from specserve.errors import SpecServeError
+from specserve.server.metrics import ServerMetrics
 from specserve.spec.router import RoutedProposer
 from tests.spec.test_speculative_engine import GREEDY, assert_follows, exact_marginals
 from tests.tiny_models import make_tiny_eagle
@@ -58,6 +61,7 @@ def test_requests_go_to_the_draft_covering_their_prompt_and_greedy_stays_identic
     outs = llm.generate(ps, GREEDY)
     assert [o.token_ids for o in outs] == want
     assert [seen[tuple(p)] for p in ps] == routes
+    assert [o.spec["draft"] for o in outs] == [("low", "high")[r] for r in routes]
     for route in (0, 1):  # both drafts proposed, and were accepted
         assert sum(o.spec["num_accepted_tokens"] for o, r in zip(outs, routes) if r == route) > 20
 
@@ -103,6 +107,37 @@ def test_sampled_sd_with_both_drafts_in_one_batch_follows_the_target_distributio
         assert sum(o.spec["num_accepted_tokens"] for o in mine) > 1000
         assert sum(o.spec["num_draft_tokens"] - o.spec["num_accepted_tokens"] for o in mine) > 1000
         assert_follows(mine, *exact_marginals(llm, prompt, SamplingParams(**base)))
+
+
+def test_each_drafts_traffic_and_acceptance_is_counted_in_metrics_and_bench_results(tiny_target, drafts):
+    """The per-draft Prometheus counters and the bench client's per-draft totals agree with the requests'
+    own stats; both drafts have their series before any request (a scraper sees 0, not nothing)."""
+    spec = {"model": [str(drafts["low"]), str(drafts["high"])], "num_speculative_tokens": 4}
+    llm = LLM(model=str(tiny_target), dtype="float32", speculative_config=spec)
+    metrics = ServerMetrics(AsyncLLMEngine(engine=llm.engine), "tiny")
+    for name in ("low", "high"):
+        assert f'specserve:spec_decode_draft_requests_total{{draft="{name}",model_name="tiny"}} 0.0' in \
+            metrics.render().decode()
+    ps, routes = mixed_prompts(20, seed=3)
+    outs = llm.generate(ps, GREEDY)
+    for out in outs:
+        metrics.on_output(out)
+    counters = {}
+    for line in metrics.render().decode().splitlines():
+        if line.startswith("specserve:spec_decode_draft_"):
+            name, value = line.rsplit(" ", 1)
+            counters[name] = float(value)
+    totals = spec_totals([o.spec for o in outs])["per_draft"]
+    for route, name in enumerate(("low", "high")):
+        mine = [o.spec for o, r in zip(outs, routes) if r == route]
+        label = f'{{draft="{name}",model_name="tiny"}}'
+        assert counters["specserve:spec_decode_draft_requests_total" + label] == len(mine) == totals[name]["requests"]
+        drafts_, accepted = sum(s["num_drafts"] for s in mine), sum(s["num_accepted_tokens"] for s in mine)
+        assert counters["specserve:spec_decode_draft_num_drafts_total" + label] == drafts_ > 0
+        assert counters["specserve:spec_decode_draft_num_draft_tokens_total" + label] == sum(
+            s["num_draft_tokens"] for s in mine)
+        assert counters["specserve:spec_decode_draft_num_accepted_tokens_total" + label] == accepted > 0
+        assert totals[name]["mean_acceptance_length"] == pytest.approx(1 + accepted / drafts_)
 
 
 def test_routing_configuration_errors(tiny_target, tiny_draft, tiny_eagle, drafts):
