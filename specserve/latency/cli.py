@@ -31,6 +31,8 @@ def _fit_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--growth-tolerance", type=float, default=1.0,
                    help="exclude runs whose in-flight count grew by this fraction of its mean (default 1.0)")
     p.add_argument("--length-classes", type=int, default=4, help="length classes for mixed traffic (default 4)")
+    p.add_argument("--no-prefill-prior", action="store_true",
+                   help="fit c2p freely instead of drawing it towards a lone request's TTFT")
 
 
 def register(subparsers) -> None:

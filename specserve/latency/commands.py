@@ -50,7 +50,7 @@ def _options(args: argparse.Namespace, cross_validate: bool) -> FitOptions:
             raise SpecServeError(f"--moe expects ACTIVE/EXPERTS like 8/128, got {args.moe!r}")
         moe = MoeExperts(int(active), int(experts))
     rules = SaturationRules(rate_tolerance=args.rate_tolerance, growth_tolerance=args.growth_tolerance)
-    return FitOptions(moe, rules, args.length_classes, cross_validate)
+    return FitOptions(moe, rules, args.length_classes, cross_validate, not args.no_prefill_prior)
 
 
 def fit(args: argparse.Namespace) -> int:

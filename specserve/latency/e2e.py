@@ -3,9 +3,19 @@
 Both use one procedure: a non-negative least-squares fit of L on B̂ = λ·L (L = C1 + B̂·C2, the initial guess)
 refined by nonlinear least squares of L(λ) = C1/(1 − λ·C2). Residuals are relative, (L̂ − L)/L: latency
 spans an order of magnitude across load and relative residuals weigh every point alike, as MAPE does.
+
+The prefill prior. c2p, what each request in flight adds through its prefill, is physically the prefill
+time itself: a request in flight for L seconds sees λ·L = B arrivals, and each arrival's prefill holds
+up the running batch once. With one output length and similar E in every configuration, g/E barely
+varies, so the runs cannot tell c2p from the per-cycle verify term c2v (the least-squares fit then puts
+the load on whichever it likes, and extrapolating to another E, e.g. plain decoding from speculative
+runs, fails). The pooled fit therefore adds the pseudo-observation that c2p equals a lone request's
+measured time to first token, to within about 25 %; runs that do separate the two (several output
+lengths) outweigh it.
 """
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -37,13 +47,42 @@ def parameter_names(base: Sequence[str], moe: bool) -> tuple[str, ...]:
     return tuple(c1 + c2)
 
 
-def fit_demands(rate: np.ndarray, latency: np.ndarray, X: np.ndarray):
-    """θ = (θ1, θ2) ≥ 0 minimising Σ((X·θ1/(1 − λ·X·θ2) − L)/L)². Returns (θ, kept columns, CIs)."""
+def lone_prefill(runs: Sequence[BenchRun]) -> float:
+    """A lone request's time to first token: the mean TTFT of the runs with at most one request in flight
+    on average, else that of the least loaded run."""
+    lone = [r.ttft.mean for r in runs if r.in_flight <= 1.0]
+    return statistics.fmean(lone) if lone else min(runs, key=lambda r: r.in_flight).ttft.mean
+
+
+PRIOR_SPREAD = 0.25  # the prefill prior: c2p is the lone TTFT to within about ±25 % (one standard deviation)
+
+
+def fit_demands(rate: np.ndarray, latency: np.ndarray, X: np.ndarray,
+                priors: Sequence[tuple[int, float]] = ()):
+    """θ = (θ1, θ2) ≥ 0 minimising Σ((X·θ1/(1 − λ·X·θ2) − L)/L)², plus, for each prior (j, v), the
+    pseudo-observation θ_j = v. A prior is weighed against the runs' own scatter s (the RMS relative
+    residual of the fit without priors): its residual is (θ_j − v)/v · s/PRIOR_SPREAD, so precise data that
+    identify θ_j override it and it decides only directions the data leave flat. Returns (θ, kept
+    columns, CIs)."""
+    theta, keep, cis = _fit_demands(rate, latency, X, ())
+    if not priors:
+        return theta, keep, cis
+    q = X.shape[1]
+    fitted = (X @ theta[:q]) / np.maximum(1.0 - rate * (X @ theta[q:]), 1e-6)
+    scatter = float(np.sqrt(np.mean(((fitted - latency) / latency) ** 2)))
+    return _fit_demands(rate, latency, X, [(j, v, scatter / PRIOR_SPREAD) for j, v in priors])
+
+
+def _fit_demands(rate: np.ndarray, latency: np.ndarray, X: np.ndarray, priors: Sequence[tuple[int, float, float]]):
+    """The fit above; each prior (j, v, w) adds the residual w·(θ_j − v)/v."""
     from scipy.optimize import least_squares
 
     n, q = X.shape
     in_flight = rate * latency
-    theta, keep, cis = nonneg_weighted_lstsq(np.hstack([X, in_flight[:, None] * X]), latency, 1 / latency)
+    A, y, weights = np.hstack([X, in_flight[:, None] * X]), latency, 1 / latency
+    for j, value, weight in priors:
+        A, y, weights = np.vstack([A, np.eye(2 * q)[j]]), np.append(y, value), np.append(weights, weight / value)
+    theta, keep, cis = nonneg_weighted_lstsq(A, y, weights)
     if not keep:
         raise SpecServeError("latency data carry no information to fit (all features are zero)")
     free = np.array(keep)
@@ -62,9 +101,15 @@ def fit_demands(rate: np.ndarray, latency: np.ndarray, X: np.ndarray):
         return np.where(room > 1e-6, (X @ full[:q]) / np.maximum(room, 1e-6),
                         latency * 1e3 * (1.0 + 1e3 * (1e-6 - room)))
 
-    res = least_squares(lambda tf: (predict(tf) - latency) / latency, np.maximum(theta[free], 1e-12),
-                        bounds=(0.0, np.inf), method="trf", x_scale="jac")
-    if np.sum(res.fun ** 2) <= np.sum(((predict(theta[free]) - latency) / latency) ** 2):
+    def residuals(theta_free: np.ndarray) -> np.ndarray:
+        relative = (predict(theta_free) - latency) / latency
+        full = np.zeros(2 * q)
+        full[free] = theta_free
+        return np.append(relative, [weight * (full[j] - value) / value for j, value, weight in priors])
+
+    res = least_squares(residuals, np.maximum(theta[free], 1e-12), bounds=(0.0, np.inf), method="trf",
+                        x_scale="jac")
+    if np.sum(res.fun ** 2) <= np.sum(residuals(theta[free]) ** 2):
         theta[free] = res.x
         cis = [None] * (2 * q)
         for j, ci in zip(keep, confidence_intervals(res.x, res.jac, res.fun)):
@@ -115,9 +160,11 @@ class E2EModel:
         return self.space.contains(self.features(k, expected, output_tokens))
 
 
-def fit_e2e(runs: Sequence[BenchRun], moe: MoeExperts | None = None, pooled: bool = True) -> E2EModel:
-    """Pooled: the six coefficients across all configurations (E, g, k per run). Not pooled: one
-    configuration's (C1, C2)."""
+def fit_e2e(runs: Sequence[BenchRun], moe: MoeExperts | None = None, pooled: bool = True,
+            prefill_prior: bool = True) -> E2EModel:
+    """Pooled: the six coefficients across all configurations (E, g, k per run), c2p drawn towards a lone
+    request's TTFT unless `prefill_prior` is false (or the model is MoE, whose c2p splits in two). Not
+    pooled: one configuration's (C1, C2)."""
     if len(runs) < 2:
         raise SpecServeError(f"need at least 2 pre-saturation runs to fit latency, got {len(runs)}")
     rate = np.array([r.achieved_rate for r in runs])
@@ -125,8 +172,11 @@ def fit_e2e(runs: Sequence[BenchRun], moe: MoeExperts | None = None, pooled: boo
     U = (np.array([demand_features(r.k, r.acceptance_length, r.output_tokens) for r in runs]) if pooled
          else np.ones((len(runs), 1)))
     X = U if moe is None else _coverage_columns(runs, moe, U)
-    theta, keep, cis = fit_demands(rate, latency, X)
     names = parameter_names(SIX if pooled else ("C1", "C2"), moe is not None)
+    priors = []
+    if pooled and moe is None and prefill_prior:
+        priors = [(names.index("c2p"), lone_prefill(runs))]
+    theta, keep, cis = fit_demands(rate, latency, X, priors)
     # The fit may leave a configuration with C1 = 0 only through degenerate data; report it as such.
     provisional = E2EModel(FittedCoefficients.build(names, theta, keep, cis, latency, latency),
                            moe, RowSpace.of(U), pooled)

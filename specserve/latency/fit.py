@@ -11,7 +11,7 @@ import numpy as np
 from specserve.errors import SpecServeError
 from specserve.latency.acceptance import positional_acceptance, solve_alpha
 from specserve.latency.crossval import cross_validate, groupings, observed_predicted, summarize
-from specserve.latency.e2e import fit_e2e
+from specserve.latency.e2e import fit_e2e, lone_prefill
 from specserve.latency.lengths import LengthClass, length_classes, prefill_slope
 from specserve.latency.model import Configuration, LatencyModel
 from specserve.latency.moe import MoeExperts
@@ -28,6 +28,7 @@ class FitOptions:
     rules: SaturationRules = field(default_factory=SaturationRules)
     n_length_classes: int = 4
     cross_validate: bool = True
+    prefill_prior: bool = True  # draw c2p towards a lone request's TTFT (e2e.py)
 
 
 @dataclass(slots=True)
@@ -73,7 +74,8 @@ def _configurations(runs: Sequence[BenchRun], moe: MoeExperts | None, notes: lis
 
 def fit_model(runs: Sequence[BenchRun], moe: MoeExperts | None = None,
               samples: dict[str, RequestSample] | None = None, n_length_classes: int = 4,
-              notes: list[str] | None = None, per_configuration: bool = True) -> LatencyModel:
+              notes: list[str] | None = None, per_configuration: bool = True,
+              prefill_prior: bool = True) -> LatencyModel:
     """Fit every component on the given (pre-saturation) runs; `per_configuration` adds each
     configuration's own (C1, C2) fit, which predictions do not use."""
     runs, samples, notes = list(runs), samples or {}, notes if notes is not None else []
@@ -84,7 +86,7 @@ def fit_model(runs: Sequence[BenchRun], moe: MoeExperts | None = None,
         classes = length_classes(np.concatenate([s.prompt_tokens for s in used]),
                                  np.concatenate([s.output_tokens for s in used]), n_length_classes)
     model = LatencyModel(
-        e2e=fit_e2e(runs, moe), ttft=fit_phase("ttft", runs), tpot=fit_phase("tpot", runs),
+        e2e=fit_e2e(runs, moe, prefill_prior=prefill_prior), ttft=fit_phase("ttft", runs), tpot=fit_phase("tpot", runs),
         tails=TailModel({}), prompt_tokens=statistics.fmean(r.prompt_tokens for r in runs),
         output_tokens=statistics.fmean(r.output_tokens for r in runs), prefill_per_token=slope,
         length_classes=classes, configurations=_configurations(runs, moe, notes, per_configuration))
@@ -111,7 +113,11 @@ def fit_runs(runs: Sequence[BenchRun], options: FitOptions | None = None,
         raise SpecServeError(f"only {len(kept)} of {len(runs)} runs are below saturation; need at least 2 "
                              f"(excluded: {why}{' ...' if len(exclusions) > 3 else ''})")
     samples, notes = load_request_samples(kept)
-    model = fit_model(kept, options.moe, samples, options.n_length_classes, notes)
+    model = fit_model(kept, options.moe, samples, options.n_length_classes, notes,
+                      prefill_prior=options.prefill_prior)
+    if options.prefill_prior and options.moe is None:
+        notes.append(f"c2p drawn towards a lone request's TTFT ({lone_prefill(kept):.3g} s, prefill prior; "
+                     "--no-prefill-prior fits without it)")
     if model.prefill_per_token is None:
         notes.append("prompt lengths did not vary within runs: prefill cost per token is unknown, "
                      "so predictions at other prompt lengths keep the fitted prefill")
@@ -119,7 +125,8 @@ def fit_runs(runs: Sequence[BenchRun], options: FitOptions | None = None,
     crossval = {}
     if options.cross_validate:
         def refit(train: list[BenchRun]) -> LatencyModel:
-            return fit_model(train, options.moe, samples, options.n_length_classes, [], per_configuration=False)
+            return fit_model(train, options.moe, samples, options.n_length_classes, [], per_configuration=False,
+                             prefill_prior=options.prefill_prior)
         noise = {source: std for source, s in samples.items() if (std := s.e2e_noise_std()) is not None}
         for by in groupings(kept):
             crossval[by] = cross_validate(kept, by, refit, noise)

@@ -95,6 +95,43 @@ def test_fit_starts_below_saturation_when_the_linear_guess_does_not():
     assert np.mean(np.abs(c1 / (1 - rate * c2) - latency) / latency) < 0.3
 
 
+def test_prefill_prior_settles_what_speculative_runs_of_one_length_leave_open():
+    """Runs of k = 1..6 that accept alike (g/E 83-95, as in attempt 8's sweep of our server) barely tell
+    the prefill's load term c2p from the verify's c2v, so plain decoding (g/E = 128) predicted from them
+    extrapolates along a direction the data leave flat. Drawn towards the prefill time (the lone TTFT,
+    here the true c2p) the fit predicts plain decoding no worse at any noise draw and better on average."""
+    from specserve.latency.e2e import demand_features
+    true = np.array([0.0, 0.028, 0.0015, 0.39, 0.0, 0.0016])  # c1p c1v c1d c2p c2v c2d, like attempt 8
+    configs = [(1, 1.35), (2, 1.48), (4, 1.51), (6, 1.49)]
+    X = np.array([demand_features(k, e, 128) for k, e in configs for _ in range(8)])
+    c1, c2 = X @ true[:3], X @ true[3:]
+    rate = np.tile(np.linspace(0.1, 0.8, 8), len(configs)) / c2
+    dense = demand_features(0, 1.0, 128)
+    plain = [dense @ true[:3] / (1 - r * (dense @ true[3:])) for r in (0.5, 1.0, 1.5)]
+
+    def plain_error(theta):
+        return max(abs(dense @ theta[:3] / (1 - r * (dense @ theta[3:])) / want - 1)
+                   for r, want in zip((0.5, 1.0, 1.5), plain))
+
+    free_errors, prior_errors = [], []
+    for seed in range(6):
+        latency = c1 / (1 - rate * c2) * (1 + 0.04 * np.random.default_rng(seed).standard_normal(len(rate)))
+        free, _, _ = fit_demands(rate, latency, X)
+        held, _, _ = fit_demands(rate, latency, X, [(3, 0.39)])
+        free_errors.append(plain_error(free))
+        prior_errors.append(plain_error(held))
+    assert all(p <= f + 1e-3 for p, f in zip(prior_errors, free_errors)), (prior_errors, free_errors)
+    assert np.mean(prior_errors) < 0.75 * np.mean(free_errors), (prior_errors, free_errors)
+
+
+def test_prefill_prior_leaves_identified_coefficients_alone(two_length_file):
+    runs = load_runs([two_length_file])
+    with_prior, without = (fit_runs(runs, FitOptions(cross_validate=False, prefill_prior=p)).model.e2e.coefficients
+                           for p in (True, False))
+    for name in dataclasses.asdict(TRUE):
+        assert _rel(with_prior[name], without[name]) < 0.01, name
+
+
 def test_cross_validation_errors_are_small_on_model_data(fitted):
     rate, conf = fitted.cross_validation["rate"], fitted.cross_validation["configuration"]
     assert len(rate["groups"]) == 8 and len(conf["groups"]) == 5
