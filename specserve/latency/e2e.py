@@ -64,17 +64,16 @@ def fit_demands(rate: np.ndarray, latency: np.ndarray, X: np.ndarray,
     residual of the fit without priors): its residual is (θ_j − v)/v · s/PRIOR_SPREAD, so precise data that
     identify θ_j override it and it decides only directions the data leave flat. Returns (θ, kept
     columns, CIs)."""
-    theta, keep, cis = _fit_demands(rate, latency, X, ())
-    if not priors:
-        return theta, keep, cis
-    q = X.shape[1]
-    fitted = (X @ theta[:q]) / np.maximum(1.0 - rate * (X @ theta[q:]), 1e-6)
-    scatter = float(np.sqrt(np.mean(((fitted - latency) / latency) ** 2)))
-    return _fit_demands(rate, latency, X, [(j, v, scatter / PRIOR_SPREAD) for j, v in priors])
+    theta, keep, cis, relative = _fit_demands(rate, latency, X, ())
+    if priors:
+        scatter = float(np.sqrt(np.mean(relative ** 2)))
+        theta, keep, cis, _ = _fit_demands(rate, latency, X, [(j, v, scatter / PRIOR_SPREAD) for j, v in priors])
+    return theta, keep, cis
 
 
 def _fit_demands(rate: np.ndarray, latency: np.ndarray, X: np.ndarray, priors: Sequence[tuple[int, float, float]]):
-    """The fit above; each prior (j, v, w) adds the residual w·(θ_j − v)/v."""
+    """The fit above; each prior (j, v, w) adds the residual w·(θ_j − v)/v. Also returns the runs'
+    relative residuals (L̂ − L)/L."""
     from scipy.optimize import least_squares
 
     n, q = X.shape
@@ -114,7 +113,7 @@ def _fit_demands(rate: np.ndarray, latency: np.ndarray, X: np.ndarray, priors: S
         cis = [None] * (2 * q)
         for j, ci in zip(keep, confidence_intervals(res.x, res.jac, res.fun)):
             cis[j] = ci
-    return theta, keep, cis
+    return theta, keep, cis, residuals(theta[free])[:n]
 
 
 def latency_of(split: MoeDemands, rate: float, moe: MoeExperts | None, k: int) -> float:

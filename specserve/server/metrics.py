@@ -66,16 +66,11 @@ class ServerMetrics:
                                       "decodes: the speculation length the step used", DRAFT_LENGTH_BUCKETS)
         # With several drafts routed per request (spec/router.py): each draft's share of the traffic and its
         # acceptance (1 + accepted / drafts), counted when a request finishes.
-        d = m + ["draft"]
-        self.routed_requests = Counter(P + "spec_decode_draft_requests", "Finished requests each draft served",
-                                       d, registry=r)
-        self.routed_drafts = Counter(P + "spec_decode_draft_num_drafts", "spec_decode_num_drafts by draft", d,
-                                     registry=r)
-        self.routed_draft_tokens = Counter(P + "spec_decode_draft_num_draft_tokens",
-                                           "spec_decode_num_draft_tokens by draft", d, registry=r)
-        self.routed_accepted = Counter(P + "spec_decode_draft_num_accepted_tokens",
-                                       "spec_decode_num_accepted_tokens by draft", d, registry=r)
-        self._routed = (self.routed_requests, self.routed_drafts, self.routed_draft_tokens, self.routed_accepted)
+        self._routed = tuple(Counter(P + "spec_decode_draft_" + name, doc, m + ["draft"], registry=r) for name, doc in (
+            ("requests", "Finished requests each draft served"),
+            ("num_drafts", "spec_decode_num_drafts by draft"),
+            ("num_draft_tokens", "spec_decode_num_draft_tokens by draft"),
+            ("num_accepted_tokens", "spec_decode_num_accepted_tokens by draft")))
         # Create every series now, so a scraper sees 0 rather than no series before the first event.
         for metric in (self.prompt_tokens, self.generation_tokens, self.preemptions, self.ttft, self.tpot, self.itl,
                        self.e2e, self.queue, self.spec_drafts, self.spec_draft_tokens, self.spec_accepted,
@@ -134,8 +129,8 @@ class ServerMetrics:
             return
         self._last_output.pop(out.request_id, None)
         self.requests.labels(model, out.finish_reason or "unknown").inc()
-        if out.spec.get("draft") is not None:
-            spec = out.spec
+        spec = out.spec
+        if spec.get("draft") is not None:
             for metric, n in zip(self._routed, (1, spec["num_drafts"], spec["num_draft_tokens"],
                                                 spec["num_accepted_tokens"])):
                 metric.labels(model, spec["draft"]).inc(n)
