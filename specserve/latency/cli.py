@@ -33,6 +33,15 @@ def _fit_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--length-classes", type=int, default=4, help="length classes for mixed traffic (default 4)")
     p.add_argument("--no-prefill-prior", action="store_true",
                    help="fit c2p freely instead of drawing it towards a lone request's TTFT")
+    p.add_argument("--assume-poisson", action="store_true",
+                   help="take every run's arrivals as Poisson (load = rate*L, SPEC §2) even where the "
+                        "records state a more regular or burstier process")
+
+
+def _arrival_cv(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--arrival-cv", type=float,
+                   help="coefficient of variation of the arrival gaps to predict for (1 = Poisson; "
+                        "default: the fitted runs')")
 
 
 def register(subparsers) -> None:
@@ -57,6 +66,7 @@ def register(subparsers) -> None:
     p.add_argument("--output-tokens", type=float, help="mean generated tokens (default: the fitted runs')")
     p.add_argument("--prompt-tokens", type=float, help="mean prompt tokens (default: the fitted runs')")
     p.add_argument("--lengths", help="per-request rows (JSONL) or a CSV trace: predict its length classes")
+    _arrival_cv(p)
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_handler("predict"))
 
@@ -66,6 +76,7 @@ def register(subparsers) -> None:
     p.add_argument("--ks", default="0,1,2,3,4,5,6,7,8", help="candidate k (default 0..8)")
     p.add_argument("--alpha", type=float, help="i.i.d. acceptance (default: measured per k, else median)")
     p.add_argument("--slo-e2e-ms", type=float, help="mean end-to-end latency target (ms)")
+    _arrival_cv(p)
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_handler("plan_command"))
 

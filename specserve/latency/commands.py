@@ -4,10 +4,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 from specserve.errors import SpecServeError
 from specserve.latency import model_file
+from specserve.latency.arrivals import check_cv
 from specserve.latency.fit import FitOptions, fit_runs
 from specserve.latency.lengths import length_classes, read_lengths
 from specserve.latency.moe import MoeExperts
@@ -50,7 +52,16 @@ def _options(args: argparse.Namespace, cross_validate: bool) -> FitOptions:
             raise SpecServeError(f"--moe expects ACTIVE/EXPERTS like 8/128, got {args.moe!r}")
         moe = MoeExperts(int(active), int(experts))
     rules = SaturationRules(rate_tolerance=args.rate_tolerance, growth_tolerance=args.growth_tolerance)
-    return FitOptions(moe, rules, args.length_classes, cross_validate, not args.no_prefill_prior)
+    return FitOptions(moe, rules, args.length_classes, cross_validate, not args.no_prefill_prior,
+                      not args.assume_poisson)
+
+
+def _model(args: argparse.Namespace):
+    """The saved model, predicting for --arrival-cv traffic where given."""
+    m = model_file.load(args.model).model
+    if args.arrival_cv is None:
+        return m
+    return replace(m, e2e=replace(m.e2e, arrival_cv=check_cv(args.arrival_cv)))
 
 
 def fit(args: argparse.Namespace) -> int:
@@ -94,13 +105,12 @@ def _acceptance(args, model) -> tuple[float, str]:
 
 
 def predict(args: argparse.Namespace) -> int:
-    report = model_file.load(args.model)
-    m = report.model
+    m = _model(args)
     e, source = _acceptance(args, m)
     pred = m.predict(args.rate, args.k, e, args.output_tokens, args.prompt_tokens)
     dense = m.latency(args.rate, 0, 1.0, args.output_tokens, args.prompt_tokens)
     be = break_even_for(m, args.k, e) if args.k > 0 else None
-    out = {"rate": pred.rate, "k": pred.k, "acceptance_length": pred.acceptance_length, "acceptance_source": source,
+    out = {"rate": pred.rate, "arrival_cv": m.arrival_cv, "k": pred.k, "acceptance_length": pred.acceptance_length, "acceptance_source": source,
            "output_tokens": pred.output_tokens, "prompt_tokens": pred.prompt_tokens,
            "C1_s": pred.demands.c1, "C2_s": pred.demands.c2, "saturation_rate": pred.saturation_rate,
            "in_flight": pred.in_flight, "e2e_s": pred.e2e, "ttft_s": pred.ttft, "tpot_s": pred.tpot,
@@ -124,7 +134,7 @@ def predict(args: argparse.Namespace) -> int:
         print(json.dumps(model_file.finite_json(out) | {"saturated": math.isinf(pred.e2e)}, indent=1))
         return 0
     print(f"k={pred.k}, E={pred.acceptance_length:.3f} ({source}), g={pred.output_tokens:.0f}, "
-          f"p={pred.prompt_tokens:.0f}, rate {pred.rate:g} req/s")
+          f"p={pred.prompt_tokens:.0f}, rate {pred.rate:g} req/s, arrival-gap CV {m.arrival_cv:g}")
     print(f"  C1 {seconds(pred.demands.c1)}, C2 {seconds(pred.demands.c2)}, saturates at {pred.saturation_rate:.3g} req/s")
     print(f"  mean E2E {seconds(pred.e2e)}, TTFT {seconds(pred.ttft)}, TPOT {seconds(pred.tpot)}, "
           f"in flight {pred.in_flight:.3g}")
@@ -143,8 +153,7 @@ def predict(args: argparse.Namespace) -> int:
 
 
 def plan_command(args: argparse.Namespace) -> int:
-    report = model_file.load(args.model)
-    m = report.model
+    m = _model(args)
     ks = _numbers(args.ks, int)
     target = None if args.slo_e2e_ms is None else args.slo_e2e_ms / 1e3
     rows = plan(m, _numbers(args.rates), ks, args.alpha, target)

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from specserve.errors import SpecServeError
-from specserve.latency.formulas import Demands
+from specserve.latency.arrivals import company, loaded_latency
+from specserve.latency.formulas import Demands, check_rate
 from specserve.latency.moe import MoeDemands, MoeExperts, moe_latency, routed_tokens
 from specserve.latency.regression import (FittedCoefficients, RowSpace, confidence_intervals,
                                           nonneg_weighted_lstsq)
@@ -58,26 +59,29 @@ PRIOR_SPREAD = 0.25  # the prefill prior: c2p is the lone TTFT to within about �
 
 
 def fit_demands(rate: np.ndarray, latency: np.ndarray, X: np.ndarray,
-                priors: Sequence[tuple[int, float]] = ()):
-    """θ = (θ1, θ2) ≥ 0 minimising Σ((X·θ1/(1 − λ·X·θ2) − L)/L)², plus, for each prior (j, v), the
+                priors: Sequence[tuple[int, float]] = (), cv: np.ndarray | float = 1.0):
+    """θ = (θ1, θ2) ≥ 0 minimising Σ((L̂ − L)/L)² with L̂ = X·θ1 + X·θ2·company(λ·L̂) (X·θ1/(1 − λ·X·θ2)
+    for Poisson arrivals, `cv` = 1; arrivals.py), plus, for each prior (j, v), the
     pseudo-observation θ_j = v. A prior is weighed against the runs' own scatter s (the RMS relative
     residual of the fit without priors): its residual is (θ_j − v)/v · s/PRIOR_SPREAD, so precise data that
     identify θ_j override it and it decides only directions the data leave flat. Returns (θ, kept
     columns, CIs)."""
-    theta, keep, cis, relative = _fit_demands(rate, latency, X, ())
+    cv = np.broadcast_to(np.asarray(cv, dtype=float), rate.shape)
+    theta, keep, cis, relative = _fit_demands(rate, latency, X, (), cv)
     if priors:
         scatter = float(np.sqrt(np.mean(relative ** 2)))
-        theta, keep, cis, _ = _fit_demands(rate, latency, X, [(j, v, scatter / PRIOR_SPREAD) for j, v in priors])
+        theta, keep, cis, _ = _fit_demands(rate, latency, X, [(j, v, scatter / PRIOR_SPREAD) for j, v in priors], cv)
     return theta, keep, cis
 
 
-def _fit_demands(rate: np.ndarray, latency: np.ndarray, X: np.ndarray, priors: Sequence[tuple[int, float, float]]):
+def _fit_demands(rate: np.ndarray, latency: np.ndarray, X: np.ndarray, priors: Sequence[tuple[int, float, float]],
+                 cv: np.ndarray):
     """The fit above; each prior (j, v, w) adds the residual w·(θ_j − v)/v. Also returns the runs'
     relative residuals (L̂ − L)/L."""
     from scipy.optimize import least_squares
 
     n, q = X.shape
-    in_flight = rate * latency
+    in_flight = np.array([company(b, c) for b, c in zip(rate * latency, cv)])  # the company each run measured
     A, y, weights = np.hstack([X, in_flight[:, None] * X]), latency, 1 / latency
     for j, value, weight in priors:
         A, y, weights = np.vstack([A, np.eye(2 * q)[j]]), np.append(y, value), np.append(weights, weight / value)
@@ -94,10 +98,12 @@ def _fit_demands(rate: np.ndarray, latency: np.ndarray, X: np.ndarray, priors: S
     def predict(theta_free: np.ndarray) -> np.ndarray:
         full = np.zeros(2 * q)
         full[free] = theta_free
-        room = 1.0 - rate * (X @ full[q:])
+        c2 = X @ full[q:]
+        room = 1.0 - rate * c2
         # Past saturation the model has no finite latency. The penalty grows with the overshoot and does
         # not scale with C1: a clamped C1/ε let C1 -> 0 'fit' a saturated point (and ruin every other).
-        return np.where(room > 1e-6, (X @ full[:q]) / np.maximum(room, 1e-6),
+        stable = room > 1e-6
+        return np.where(stable, loaded_latency(X @ full[:q], np.where(stable, c2, 0.0), rate, cv),
                         latency * 1e3 * (1.0 + 1e3 * (1e-6 - room)))
 
     def residuals(theta_free: np.ndarray) -> np.ndarray:
@@ -116,9 +122,13 @@ def _fit_demands(rate: np.ndarray, latency: np.ndarray, X: np.ndarray, priors: S
     return theta, keep, cis, residuals(theta[free])[:n]
 
 
-def latency_of(split: MoeDemands, rate: float, moe: MoeExperts | None, k: int) -> float:
-    """Closed form for dense-weight models; the MoE fixed point otherwise (k + 1 tokens per request)."""
-    return split.full.latency(rate) if moe is None else moe_latency(rate, split, moe, k + 1)
+def latency_of(split: MoeDemands, rate: float, moe: MoeExperts | None, k: int, cv: float = 1.0) -> float:
+    """L = C1 + C2·company(λL) for dense-weight models (closed form for Poisson arrivals, cv = 1); the
+    MoE fixed point otherwise (k + 1 tokens per request)."""
+    if moe is not None:
+        return moe_latency(rate, split, moe, k + 1, cv)
+    full = split.full
+    return full.latency(rate) if cv == 1.0 else float(loaded_latency(full.c1, full.c2, check_rate(rate), cv))
 
 
 def _coverage_columns(runs: Sequence[BenchRun], moe: MoeExperts, U: np.ndarray) -> np.ndarray:
@@ -136,6 +146,7 @@ class E2EModel:
     moe: MoeExperts | None
     space: RowSpace  # the configurations' feature rows: which (k, E, g) the data can speak for
     pooled: bool = True  # False: a single configuration's (C1, C2), valid only for that configuration
+    arrival_cv: float = 1.0  # the fitted runs' arrival CV: the traffic predictions are for unless told
 
     def features(self, k: int, expected: float, output_tokens: float) -> np.ndarray:
         return demand_features(k, expected, output_tokens) if self.pooled else np.ones(1)
@@ -152,8 +163,9 @@ class E2EModel:
         """(C1, C2) at full expert coverage (exact for dense-weight models)."""
         return self.split(k, expected, output_tokens).full
 
-    def latency(self, rate: float, k: int, expected: float, output_tokens: float) -> float:
-        return latency_of(self.split(k, expected, output_tokens), rate, self.moe, k)
+    def latency(self, rate: float, k: int, expected: float, output_tokens: float, cv: float | None = None) -> float:
+        return latency_of(self.split(k, expected, output_tokens), rate, self.moe, k,
+                          self.arrival_cv if cv is None else cv)
 
     def estimable(self, k: int, expected: float, output_tokens: float) -> bool:
         return self.space.contains(self.features(k, expected, output_tokens))
@@ -175,14 +187,20 @@ def fit_e2e(runs: Sequence[BenchRun], moe: MoeExperts | None = None, pooled: boo
     priors = []
     if pooled and moe is None and prefill_prior:
         priors = [(names.index("c2p"), lone_prefill(runs))]
-    theta, keep, cis = fit_demands(rate, latency, X, priors)
+    cv = np.array([r.cv for r in runs])
+    theta, keep, cis = fit_demands(rate, latency, X, priors, cv)
     # The fit may leave a configuration with C1 = 0 only through degenerate data; report it as such.
     provisional = E2EModel(FittedCoefficients.build(names, theta, keep, cis, latency, latency),
-                           moe, RowSpace.of(U), pooled)
+                           moe, RowSpace.of(U), pooled, typical_cv(runs))
     try:
-        predicted = np.array([provisional.latency(r.achieved_rate, r.k, r.acceptance_length, r.output_tokens)
+        predicted = np.array([provisional.latency(r.achieved_rate, r.k, r.acceptance_length, r.output_tokens, r.cv)
                               for r in runs])
     except SpecServeError as e:
         raise SpecServeError(f"latency fit is degenerate ({e}); check the runs' latencies") from None
     return E2EModel(FittedCoefficients.build(names, theta, keep, cis, latency, predicted),
-                    moe, RowSpace.of(U), pooled)
+                    moe, RowSpace.of(U), pooled, typical_cv(runs))
+
+
+def typical_cv(runs: Sequence[BenchRun]) -> float:
+    """The runs' median arrival CV (1, Poisson, for runs that do not state theirs)."""
+    return float(statistics.median(r.cv for r in runs))

@@ -29,6 +29,8 @@ class FitOptions:
     n_length_classes: int = 4
     cross_validate: bool = True
     prefill_prior: bool = True  # draw c2p towards a lone request's TTFT (e2e.py)
+    arrival_regularity: bool = True  # count the company the runs' stated arrival CV gives (arrivals.py);
+    # False treats every run as Poisson, SPEC §2's λ·L
 
 
 @dataclass(slots=True)
@@ -93,7 +95,7 @@ def fit_model(runs: Sequence[BenchRun], moe: MoeExperts | None = None,
 
     def parts(metric: str, run: BenchRun) -> tuple[float, float]:
         return model.parts(metric, run.achieved_rate, run.k, run.acceptance_length, run.output_tokens,
-                           run.prompt_tokens)
+                           run.prompt_tokens, run.cv, tail=True)
 
     return replace(model, tails=fit_tails(runs, parts))
 
@@ -103,6 +105,8 @@ def fit_runs(runs: Sequence[BenchRun], options: FitOptions | None = None,
     """Exclude saturated runs, fit, and measure in-sample and cross-validated errors. `unusable`: records
     `load_runs` could not turn into runs, listed with the exclusions."""
     options = options or FitOptions()
+    if not options.arrival_regularity:
+        runs = [replace(r, arrival_cv=None) for r in runs]
     kept, exclusions = split_saturated(runs, options.rules)
     excluded = list(unusable) + [{"label": x.run.label, "k": x.run.k, "offered_rate": x.run.offered_rate,
                  "achieved_rate": x.run.achieved_rate, "e2e_mean_s": x.run.e2e.mean, "source": x.run.source,
@@ -118,6 +122,7 @@ def fit_runs(runs: Sequence[BenchRun], options: FitOptions | None = None,
     if options.prefill_prior and options.moe is None:
         notes.append(f"c2p drawn towards a lone request's TTFT ({lone_prefill(kept):.3g} s, prefill prior; "
                      "--no-prefill-prior fits without it)")
+    notes.append(_arrival_note(kept, options.arrival_regularity))
     if model.prefill_per_token is None:
         notes.append("prompt lengths did not vary within runs: prefill cost per token is unknown, "
                      "so predictions at other prompt lengths keep the fitted prefill")
@@ -131,3 +136,15 @@ def fit_runs(runs: Sequence[BenchRun], options: FitOptions | None = None,
         for by in groupings(kept):
             crossval[by] = cross_validate(kept, by, refit, noise)
     return FitReport(model, excluded, notes, summarize(pairs), crossval, list(sources))
+
+
+def _arrival_note(runs: Sequence[BenchRun], regularity: bool) -> str:
+    cvs = sorted({r.cv for r in runs})
+    if not regularity:
+        return "arrivals taken as Poisson (--assume-poisson): load is SPEC §2's λ·L"
+    if cvs == [1.0]:
+        return "arrivals Poisson (or not stated): load is SPEC §2's λ·L"
+    stated = ", ".join(f"{c:g}" for c in cvs)
+    return (f"arrival-gap CV {stated}: load is the company such arrivals give a request (arrivals.py; "
+            "--assume-poisson fits SPEC §2's λ·L); predictions assume CV "
+            f"{statistics.median(r.cv for r in runs):g} unless --arrival-cv says otherwise")

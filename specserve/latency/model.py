@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, replace
 
 from specserve.errors import SpecServeError
 from specserve.latency.acceptance import check_k
+from specserve.latency.arrivals import check_cv, company
 from specserve.latency.e2e import E2EModel, latency_of
 from specserve.latency.formulas import Demands, check_rate
 from specserve.latency.lengths import LengthClass
@@ -66,20 +67,28 @@ class LatencyModel:
         # A longer prompt adds its prefill to the lone-request demand; never below zero.
         return replace(split, c1u=max(split.c1u + shift, 0.0))
 
+    @property
+    def arrival_cv(self) -> float:
+        """The arrival CV predictions assume unless told: the fitted runs' (1 = Poisson)."""
+        return self.e2e.arrival_cv
+
+    def _cv(self, cv: float | None) -> float:
+        return self.arrival_cv if cv is None else check_cv(cv)
+
     def latency(self, rate: float, k: int, expected: float, g: float | None = None,
-                p: float | None = None) -> float:
+                p: float | None = None, cv: float | None = None) -> float:
         split = self._split(k, expected, g or self.output_tokens, self.prompt_tokens if p is None else p)
-        return latency_of(split, rate, self.e2e.moe, k)
+        return latency_of(split, rate, self.e2e.moe, k, self._cv(cv))
 
     def demands(self, k: int, expected: float, g: float | None = None, p: float | None = None,
-                rate: float = 0.0) -> Demands:
+                rate: float = 0.0, cv: float | None = None) -> Demands:
         """(C1, C2) in force at `rate`. Constant for dense-weight models; for MoE taken at the expert
         coverage of the load predicted there (at rate 0, a lone request's), so L = C1/(1 − λ·C2) holds."""
         split = self._split(k, expected, g or self.output_tokens, self.prompt_tokens if p is None else p)
         moe = self.e2e.moe
         if moe is None:
             return split.full
-        latency = latency_of(split, rate, moe, k)
+        latency = latency_of(split, rate, moe, k, self._cv(cv))
         return split.full if math.isinf(latency) else split.at(moe.coverage(routed_tokens(rate * latency, k + 1)))
 
     def saturation_rate(self, k: int, expected: float, g: float | None = None, p: float | None = None) -> float:
@@ -88,37 +97,47 @@ class LatencyModel:
                            self.prompt_tokens if p is None else p).full.saturation_rate
 
     def parts(self, metric: str, rate: float, k: int, expected: float, g: float | None = None,
-              p: float | None = None) -> tuple[float, float]:
-        """(lone-request part, load part) of a metric's mean; inf load at saturation."""
-        e2e = self.latency(rate, k, expected, g, p)
+              p: float | None = None, cv: float | None = None, tail: bool = False) -> tuple[float, float]:
+        """(lone-request part, load part) of a metric's mean; inf load at saturation. `tail`: the load
+        part the tail model scales, which counts all B = λ·L in flight as company (Poisson's count) even
+        where regular arrivals leave the average request less: the unlucky ones, whom a tail is about,
+        meet them."""
+        cv = self._cv(cv)
+        e2e = self.latency(rate, k, expected, g, p, cv)
         if metric == "e2e":
-            base = self.latency(0.0, k, expected, g, p)
+            base = self.latency(0.0, k, expected, g, p, cv)
+            if tail and math.isfinite(e2e):
+                b = rate * e2e
+                return base, e2e - base + self.demands(k, expected, g, p, rate, cv).c2 * (b - float(company(b, cv)))
             return base, e2e - base
         model = self.ttft if metric == "ttft" else self.tpot
         if math.isinf(e2e):
             return model.parts(k, expected, 0.0)[0], math.inf
-        base, load = model.parts(k, expected, rate * e2e)
+        base, load = model.parts(k, expected, rate * e2e, 1.0 if tail else cv)
         if metric == "ttft" and p is not None:
             base = max(base + (p - self.prompt_tokens) * (self.prefill_per_token or 0.0), 0.0)
         return base, load
 
     def predict(self, rate: float, k: int, expected: float, g: float | None = None,
-                p: float | None = None) -> Prediction:
+                p: float | None = None, cv: float | None = None) -> Prediction:
+        """Means and tails at arrival rate λ with arrival-gap CV `cv` (default: the fitted runs')."""
         check_rate(rate)
         check_k(k)
+        cv = self._cv(cv)
         g = self.output_tokens if g is None else float(g)
         p = self.prompt_tokens if p is None else float(p)
         if not (1.0 <= expected <= k + 1):  # k = 0 leaves only E = 1
             raise SpecServeError(f"tokens per cycle E={expected:g} must be in [1, k+1] for k={k}")
         means, quantiles = {}, {}
         for metric in METRICS:
-            base, load = self.parts(metric, rate, k, expected, g, p)
+            base, load = self.parts(metric, rate, k, expected, g, p, cv)
             means[metric] = base + load
+            spread = self.parts(metric, rate, k, expected, g, p, cv, tail=True)
             for q in QUANTILES:
-                value = self.tails.predict(metric, q, base, load)
+                value = self.tails.predict(metric, q, *spread)
                 if value is not None:
                     quantiles.setdefault(metric, {})[q] = value
-        demands = self.demands(k, expected, g, p, rate)
+        demands = self.demands(k, expected, g, p, rate, cv)
         unsupported = tuple(m for m in METRICS if not self.estimable(m, k, expected, g))
         return Prediction(rate, k, expected, g, p, demands, self.saturation_rate(k, expected, g, p),
                           rate * means["e2e"], means["e2e"], means["ttft"], means["tpot"], quantiles,
@@ -133,12 +152,13 @@ class LatencyModel:
         return ok and (self.ttft if metric == "ttft" else self.tpot).estimable(k, expected)
 
     def predict_classes(self, rate: float, k: int, expected: float, classes: tuple[LengthClass, ...],
-                        ) -> tuple[Prediction, list[tuple[LengthClass, float, float]]]:
+                        cv: float | None = None) -> tuple[Prediction, list[tuple[LengthClass, float, float]]]:
         """Mixture prediction and, per class, (class, mean E2E, mean TTFT) at the mixture's load."""
         total = sum(c.weight for c in classes)
         g = sum(c.weight * c.output_tokens for c in classes) / total
         p = sum(c.weight * c.prompt_tokens for c in classes) / total
-        mix = self.predict(rate, k, expected, g, p)
+        mix = self.predict(rate, k, expected, g, p, cv)
+        others = float(company(mix.in_flight, self._cv(cv))) if math.isfinite(mix.in_flight) else math.inf
         rows = []
         for c in classes:
             if math.isinf(mix.e2e):
@@ -147,7 +167,7 @@ class LatencyModel:
             # Expert coverage is set by the whole batch, so every class sees the mixture's φ.
             d = self._class_demands(mix, k, expected, c)
             shift = (c.prompt_tokens - p) * (self.prefill_per_token or 0.0)
-            rows.append((c, d.c1 + mix.in_flight * d.c2, max(mix.ttft + shift, 0.0)))
+            rows.append((c, d.c1 + others * d.c2, max(mix.ttft + shift, 0.0)))
         return mix, rows
 
     def _class_demands(self, mix: Prediction, k: int, expected: float, c: LengthClass) -> Demands:

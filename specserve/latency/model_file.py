@@ -59,11 +59,13 @@ def _read_space(d: dict) -> RowSpace:
 
 
 def _e2e(m: E2EModel) -> dict:
-    return {**_coefficients(m.coefficients), "feature_space": _space(m.space)}
+    return {**_coefficients(m.coefficients), "feature_space": _space(m.space), "arrival_cv": m.arrival_cv}
 
 
 def _read_e2e(d: dict, moe: MoeExperts | None, pooled: bool) -> E2EModel:
-    return E2EModel(_read_coefficients(d), moe, _read_space(d["feature_space"]), pooled)
+    # Files written before the arrival correction assumed Poisson arrivals (cv 1).
+    return E2EModel(_read_coefficients(d), moe, _read_space(d["feature_space"]), pooled,
+                    float(d.get("arrival_cv", 1.0)))
 
 
 def to_dict(report: FitReport) -> dict:

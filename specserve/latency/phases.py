@@ -1,17 +1,20 @@
 """TTFT and TPOT models: each a load-independent part plus a part that grows with the number in flight B.
 
-    TTFT(λ) = (t1 + [k>0]·t1d) + (1 − e^(−B))·(tb + k·tb_d) + B(λ)·(t2 + k·t2d)
+    TTFT(λ) = (t1 + [k>0]·t1d) + P_busy(B)·(tb + k·tb_d) + M(B)·(t2 + k·t2d)
         t1: a lone request's prefill; t1d: the draft model's own prefill of the prompt;
         tb, tb_d: the fixed cost of the running batch's step (one verify pass, k draft passes) that a new
-        prompt waits for or shares whenever anyone is decoding — with independent Poisson arrivals the
-        batch is non-empty with probability 1 − e^(−B);
-        t2: time each request in flight adds to that step; t2d: the extra per token it drafts.
+        prompt waits for or shares whenever anyone is decoding — the batch is non-empty with probability
+        P_busy(B) (1 − e^(−B) for Poisson arrivals);
+        t2: time each request the arrival finds in flight (M(B) of them; B for Poisson) adds to that
+        step; t2d: the extra per token it drafts.
 
-    TPOT(λ) = [(s1v + k·s1d) + B(λ)·(s2v + k·s2d)] / E
+    TPOT(λ) = [(s1v + k·s1d) + company(B)·(s2v + k·s2d)] / E
         a cycle costs one verify pass plus k draft steps (s1v, s1d), each request in flight adds its own
-        verify and draft work to the shared step (s2v, s2d), and a cycle commits E tokens.
+        verify and draft work to the shared step (s2v, s2d) — company(B) of them over a request's
+        lifetime (B for Poisson) — and a cycle commits E tokens.
 
-B(λ) = λ·L(λ) comes from the E2E model (Little's law), so all three metrics share one notion of load.
+B(λ) = λ·L(λ) comes from the E2E model (Little's law), so all three metrics share one notion of load;
+P_busy, M and company turn it into what a request meets under the runs' arrival regularity (arrivals.py).
 The coefficients are fitted by non-negative least squares of the measured means on the measured
 B̂ = λ·L (relative residuals).
 """
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from specserve.errors import SpecServeError
+from specserve.latency.arrivals import busy_on_arrival, company, seen_on_arrival
 from specserve.latency.regression import FittedCoefficients, RowSpace, nonneg_weighted_lstsq
 from specserve.latency.runs import BenchRun
 
@@ -40,11 +44,11 @@ def load_shape(metric: str, k: int, expected: float) -> np.ndarray:
     return np.array([1.0, float(k)]) if metric == "ttft" else np.array([1.0, k]) / expected
 
 
-def load_features(metric: str, k: int, expected: float, in_flight: float) -> np.ndarray:
+def load_features(metric: str, k: int, expected: float, in_flight: float, cv: float = 1.0) -> np.ndarray:
     shape = load_shape(metric, k, expected)
     if metric == "ttft":
-        return np.concatenate([-np.expm1(-in_flight) * shape, in_flight * shape])
-    return in_flight * shape
+        return np.concatenate([busy_on_arrival(in_flight, cv) * shape, seen_on_arrival(in_flight, cv) * shape])
+    return company(in_flight, cv) * shape
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,16 +58,16 @@ class PhaseModel:
     base_space: RowSpace
     load_space: RowSpace
 
-    def parts(self, k: int, expected: float, in_flight: float) -> tuple[float, float]:
+    def parts(self, k: int, expected: float, in_flight: float, cv: float = 1.0) -> tuple[float, float]:
         """(load-independent seconds, seconds added by the B requests in flight)."""
         theta = self.coefficients.vector(NAMES[self.metric])
         base = float(base_features(self.metric, k, expected) @ theta[:2])
-        return base, float(load_features(self.metric, k, expected, in_flight) @ theta[2:])
+        return base, float(load_features(self.metric, k, expected, in_flight, cv) @ theta[2:])
 
-    def predict(self, k: int, expected: float, in_flight: float) -> float:
+    def predict(self, k: int, expected: float, in_flight: float, cv: float = 1.0) -> float:
         if not np.isfinite(in_flight):
             return float("inf")  # saturated: the queue, and with it every phase, grows without bound
-        return sum(self.parts(k, expected, in_flight))
+        return sum(self.parts(k, expected, in_flight, cv))
 
     def estimable(self, k: int, expected: float) -> bool:
         return (self.base_space.contains(base_features(self.metric, k, expected))
@@ -78,7 +82,7 @@ def fit_phase(metric: str, runs: Sequence[BenchRun]) -> PhaseModel:
     observed = np.array([getattr(r, metric).mean for r in runs])
     base = np.array([base_features(metric, r.k, r.acceptance_length) for r in runs])
     shape = np.array([load_shape(metric, r.k, r.acceptance_length) for r in runs])
-    load = np.array([load_features(metric, r.k, r.acceptance_length, r.in_flight) for r in runs])
+    load = np.array([load_features(metric, r.k, r.acceptance_length, r.in_flight, r.cv) for r in runs])
     X = np.hstack([base, load])
     theta, keep, cis = nonneg_weighted_lstsq(X, observed, 1.0 / observed)
     coefficients = FittedCoefficients.build(NAMES[metric], theta, keep, cis, observed, X @ theta)

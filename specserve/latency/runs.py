@@ -9,6 +9,7 @@ from pathlib import Path
 
 from specserve.errors import SpecServeError
 from specserve.latency.acceptance import acceptance_length_from_spec, check_k, expected_tokens
+from specserve.latency.arrivals import run_cv
 
 RUN_SCHEMA = "specserve.bench.run/1"
 
@@ -50,6 +51,7 @@ class BenchRun:
     achieved_rate: float
     arrival_rate: float | None  # realised arrivals per second (specserve bench writes it), if known
     arrival_process: str | None  # "poisson", "gamma", "trace", "closed", "burst", ...
+    arrival_cv: float | None  # CV of the arrival gaps when the record states it (Poisson 1, Gamma its burstiness)
     duration_s: float
     num_requests: int
     num_completed: int
@@ -73,6 +75,15 @@ class BenchRun:
         if not (1.0 <= self.acceptance_length <= self.k + 1 + 1e-9):
             raise SpecServeError(f"{self.source}: mean acceptance length {self.acceptance_length:g} "
                                  f"is outside [1, k+1] for k={self.k}")
+
+    @property
+    def results_file(self) -> str:
+        return self.source.rsplit(":", 1)[0]
+
+    @property
+    def cv(self) -> float:
+        """The arrival CV the load terms use: the stated one, else Poisson's 1 (SPEC §2's assumption)."""
+        return 1.0 if self.arrival_cv is None else self.arrival_cv
 
     @property
     def in_flight(self) -> float:
@@ -128,11 +139,16 @@ def parse_run(record: Mapping, where: str, base_dir: Path, k_override: int | Non
     preemptions = record.get("preemptions")
     run_key = record.get("run_id", record.get("run"))
     arrival = record.get("arrival") if isinstance(record.get("arrival"), Mapping) else {}
+    try:
+        cv = run_cv(arrival.get("process"), arrival.get("burstiness"))
+    except SpecServeError as e:
+        raise SpecServeError(f"{where}: {e}") from None
     return BenchRun(
         label=label, k=k, acceptance_length=accept,
         offered_rate=None if offered is None else _number(record, "offered_rate", where),
         achieved_rate=achieved, arrival_rate=_optional(record, "arrival_rate"),
         arrival_process=arrival.get("process"),
+        arrival_cv=cv,
         duration_s=_number(record, "duration_s", where, 0.0),
         num_requests=int(_number(record, "num_requests", where, 0)),
         num_completed=int(_number(record, "num_completed", where, 0)),

@@ -2,7 +2,9 @@
 
     Q_q(λ) = a_q · base + b_q · load         (per metric: e2e, ttft, tpot; per quantile: p95, p99)
 
-base is the mean a lone request sees (C1 for E2E) and load what the requests in flight add (L − C1). a_q is
+base is the mean a lone request sees (C1 for E2E) and load what the B = λ·L requests in flight add when a
+request meets them all (L − C1 for Poisson arrivals; regular arrivals spare the average request some of
+them, not the unlucky ones a tail is about: `LatencyModel.parts(tail=True)`). a_q is
 the spread a lone request already has (lengths, acceptance luck); b_q the tail factor of the load-induced
 delay — an exponential waiting time would give b = ln 20 ≈ 3.0 at p95 and ln 100 ≈ 4.6 at p99, so the
 fitted b says how bursty contention is on this server. a, b ≥ 0 are fitted by non-negative least squares

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from specserve.latency.acceptance import expected_tokens
+from specserve.latency.arrivals import busy_on_arrival, company, loaded_latency, seen_on_arrival
 from specserve.latency.formulas import SpecCoefficients
 from specserve.latency.moe import MoeDemands, MoeExperts, moe_latency
 
@@ -40,15 +41,17 @@ class Sweep:
     rows: bool = True
     moe: MoeExperts | None = None
     moe_split: dict = field(default_factory=lambda: {"share": 0.6})  # fraction of each demand that is φ-scaled
+    arrival_cv: float = 1.0  # CV of the arrival gaps (1 = Poisson; else Gamma, recorded as bench does)
     seed: int = 0
 
 
 def _latency(sweep: Sweep, rate: float, k: int, e: float, g: float) -> float:
     d = TRUE.demands(g, e, k)
     if sweep.moe is None:
-        return d.latency(rate)
+        return float(loaded_latency(d.c1, d.c2, rate, sweep.arrival_cv))
     s = sweep.moe_split["share"]
-    return moe_latency(rate, MoeDemands(d.c1 * (1 - s), d.c1 * s, d.c2 * (1 - s), d.c2 * s), sweep.moe, k + 1)
+    return moe_latency(rate, MoeDemands(d.c1 * (1 - s), d.c1 * s, d.c2 * (1 - s), d.c2 * s), sweep.moe, k + 1,
+                       sweep.arrival_cv)
 
 
 def _stats(mean: float, base: float, load: float, rng, noise: float) -> dict:
@@ -65,19 +68,23 @@ def _record(sweep, rng, label, k, alpha, e, rate, scale=1.0, e2e=None, g=None, *
     noise = lambda: 1 + sweep.noise * rng.standard_normal()  # noqa: E731
     lone = _latency(sweep, 0.0, k, e, g)
     e2e = e2e or _latency(sweep, rate, k, e, g) * scale
-    b = rate * e2e
+    b, cv = rate * e2e, sweep.arrival_cv
     ttft_base = TTFT["t1"] + (TTFT["t1d"] if k else 0.0)
-    ttft_load = (1 - np.exp(-b)) * (TTFT["tb"] + k * TTFT["tb_d"]) + b * (TTFT["t2"] + k * TTFT["t2d"])
+    ttft_load = (busy_on_arrival(b, cv) * (TTFT["tb"] + k * TTFT["tb_d"])
+                 + seen_on_arrival(b, cv) * (TTFT["t2"] + k * TTFT["t2d"]))
     tpot_base = (TPOT["s1v"] + k * TPOT["s1d"]) / e
-    tpot_load = b * (TPOT["s2v"] + k * TPOT["s2d"]) / e
+    tpot_load = company(b, cv) * (TPOT["s2v"] + k * TPOT["s2d"]) / e
+    # The tails scale the load every request in flight would add (λ·L company), as tails.py models them.
+    tail_load = e2e - lone + (TRUE.demands(g, e, k).c2 * (b - company(b, cv)) if sweep.moe is None else 0.0)
+    process = {"process": "poisson"} if cv == 1.0 else {"process": "gamma", "burstiness": cv}
     offered = rate  # below saturation the achieved rate is the arrival rate (schema v1)
     record = {
         "schema": "specserve.bench.run/1", "label": label, "server_config": {"k": k}, "k": k,
         "base_url": "http://synthetic", "model": "synthetic", "endpoint": "/v1/completions",
-        "arrival": {"process": "poisson", "request_rate": offered}, "offered_rate": offered,
+        "arrival": {**process, "request_rate": offered}, "offered_rate": offered,
         "achieved_rate": rate, "arrival_rate": rate * (1 + 0.01 * rng.standard_normal()), "duration_s": n / rate, "num_requests": n, "num_completed": n,
         "num_failed": 0, "mean_prompt_tokens": float(p), "mean_output_tokens": float(g),
-        "e2e_s": _stats(e2e * noise(), lone, e2e - lone, rng, sweep.noise),
+        "e2e_s": _stats(e2e * noise(), lone, tail_load, rng, sweep.noise),
         "ttft_s": _stats((ttft_base + ttft_load) * noise(), ttft_base, ttft_load, rng, sweep.noise),
         "tpot_s": _stats((tpot_base + tpot_load) * noise(), tpot_base, tpot_load, rng, sweep.noise),
         "itl_s": {"mean": tpot_base}, "mean_in_flight": b, "littles_law_in_flight": b,

@@ -87,6 +87,8 @@ def test_plot_writes_three_nontrivial_pngs(model_json, sweep_file, tmp_path):
     (["fit", "nope.jsonl", "-o", "x.json"], "cannot read results file"),
     (["fit", "{r}", "-o", "x.json", "--moe", "8"], "ACTIVE/EXPERTS"),
     (["fit", "{r}", "-o", "x.json", "--k", "k4"], "LABEL=VALUE"),
+    (["predict", "{m}", "--rate", "1", "--arrival-cv", "0"], "arrival CV must be in"),
+    (["plan", "{m}", "--rates", "1", "--arrival-cv", "9"], "arrival CV must be in"),
 ])
 def test_user_errors_are_one_line(model_json, sweep_file, tmp_path, monkeypatch, capsys, argv, message):
     monkeypatch.chdir(tmp_path)
@@ -122,3 +124,29 @@ def test_noise_column_is_each_run_means_standard_error(sweep_file):
     # Where the requests' rows give the spread their lengths do not explain, that replaces the raw one.
     halved = {r.source: 0.15 * r.e2e.mean for r in runs}
     assert standard_error(runs, halved) == pytest.approx(expected / 2)
+
+
+def test_arrival_cv_is_fitted_saved_and_overridable(tmp_path, capsys):
+    from synthetic import Sweep, write_sweep
+
+    results = write_sweep(tmp_path, Sweep(configs=(("no-sd", 0, None), ("k2", 2, 0.75)), saturated=False,
+                                          rows=False, arrival_cv=0.25))
+    out = tmp_path / "m.json"
+    assert main(["latency", "fit", str(results), "-o", str(out), "--no-cross-validation"]) == 0
+    assert "arrival-gap CV 0.25" in capsys.readouterr().out
+    assert model_file.load(out).model.arrival_cv == 0.25
+    e2e = {}
+    for cv in (None, "0.25", "1"):
+        argv = ["latency", "predict", str(out), "--rate", "1.5", "--k", "2", "--json"]
+        assert main(argv + ([] if cv is None else ["--arrival-cv", cv])) == 0
+        data = json.loads(capsys.readouterr().out)
+        e2e[cv] = data["e2e_s"]
+        assert data["arrival_cv"] == (0.25 if cv is None else float(cv))
+    assert e2e[None] == e2e["0.25"] < e2e["1"]  # Poisson arrivals at the same rate meet more company
+    assert main(["latency", "plan", str(out), "--rates", "1.5", "--ks", "0,2", "--arrival-cv", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"][0]["e2e_by_k_s"]["2"] == pytest.approx(e2e["1"])
+    poisson = tmp_path / "p.json"
+    assert main(["latency", "fit", str(results), "-o", str(poisson), "--no-cross-validation",
+                 "--assume-poisson"]) == 0
+    assert "taken as Poisson" in capsys.readouterr().out
+    assert model_file.load(poisson).model.arrival_cv == 1.0
