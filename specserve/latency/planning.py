@@ -47,9 +47,10 @@ def _first_crossing(f, hi: float) -> float | None:
 
 def break_even_for(model: LatencyModel, k: int, expected: float, g: float | None = None,
                    p: float | None = None) -> BreakEven:
-    """Closed form for dense-weight models; numeric crossing of the two latency curves for MoE, whose
-    demands move with load (dense load then measured against full-coverage C2)."""
-    if model.e2e.moe is None:
+    """Closed form for dense-weight models under Poisson arrivals; otherwise (MoE demands that move with
+    load, or company that is not λ·L) the numeric crossing of the two latency curves, its dense load
+    measured against full-coverage C2."""
+    if model.e2e.moe is None and model.arrival_cv == 1.0:
         return break_even(model.demands(0, 1.0, g, p), model.demands(k, expected, g, p))
     dense_sat = model.saturation_rate(0, 1.0, g, p)
     hi = min(dense_sat, model.saturation_rate(k, expected, g, p))
@@ -65,7 +66,7 @@ def max_rate_within(model: LatencyModel, k: int, expected: float, target: float)
     """Largest rate with mean E2E ≤ target (0 if a lone request already misses it)."""
     if not target > 0:
         raise SpecServeError(f"latency target must be > 0 s, got {target!r}")
-    if model.e2e.moe is None:
+    if model.e2e.moe is None and model.arrival_cv == 1.0:
         return model.demands(k, expected).max_rate_within(target)
     if model.latency(0.0, k, expected) > target:
         return 0.0

@@ -102,6 +102,13 @@ def explain(report: FitReport, ks: Sequence[int] = (0, 1, 2, 3, 4, 5, 6, 7, 8),
     out += ["", f"Plain decoding ({m.output_tokens:.0f} output tokens): C1 = {seconds(dense.c1)} (a lone request's "
             f"latency), C2 = {seconds(1 / sat if sat > 0 else 0.0)} (added per request in flight); latency is "
             f"C1/(1 - rate x C2) and saturates at {sat:.3g} req/s."]
+    if m.arrival_cv != 1.0:
+        kind = "more regular" if m.arrival_cv < 1.0 else "burstier"
+        out.append(f"Arrivals: the runs' gaps have CV {m.arrival_cv:g}, {kind} than Poisson's 1, so a request in "
+                   f"flight with B = rate x L others on average meets {'fewer' if m.arrival_cv < 1.0 else 'more'} "
+                   f"of them: about B {'-' if m.arrival_cv < 1.0 else '+'} {abs(m.arrival_cv ** 2 - 1):.2g} "
+                   f"at high load{', none while B < 1' if m.arrival_cv < 0.5 else ''}. Latency solves "
+                   "L = C1 + C2 x company(rate x L) instead (predict --arrival-cv 1 for Poisson traffic).")
     if m.e2e.moe is not None:
         moe = m.e2e.moe
         out.append(f"Mixture of experts ({moe.active} of {moe.experts} active): a lone decode step touches "

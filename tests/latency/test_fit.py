@@ -9,7 +9,7 @@ from specserve.latency.acceptance import expected_tokens
 from specserve.latency.e2e import fit_demands
 from specserve.latency.fit import FitOptions, fit_model, fit_runs
 from specserve.latency.moe import MoeExperts
-from specserve.latency.planning import break_even_for
+from specserve.latency.planning import break_even_for, max_rate_within
 from specserve.latency.report import explain
 from specserve.latency.runs import load_runs
 from specserve.latency.saturation import split_saturated
@@ -237,6 +237,12 @@ def test_recovers_coefficients_under_regular_arrivals_and_poisson_load_does_not(
     rate = 0.6 / TRUE.demands(128, e, 4).c2
     assert m.latency(rate, 4, e, 128, 256, cv=1.0) > 1.05 * m.latency(rate, 4, e, 128, 256)
     assert m.latency(rate, 4, e, 128, 256, cv=1.0) == pytest.approx(TRUE.demands(128, e, 4).latency(rate), rel=0.02)
+    # break-even and the most load under a target are crossings of these curves, not SPEC §2's closed forms
+    be = break_even_for(m, 4, e, 128, 256)
+    assert be.rate is not None and m.latency(be.rate, 4, e, 128, 256) == pytest.approx(
+        m.latency(be.rate, 0, 1.0, 128, 256), rel=1e-6)
+    target = 1.5 * m.latency(0.0, 4, e)
+    assert m.latency(max_rate_within(m, 4, e, target), 4, e) == pytest.approx(target, rel=1e-6)
 
 
 def test_repeated_sweeps_are_held_out_together_and_averaged(tmp_path):
