@@ -10,6 +10,7 @@ import numpy as np
 
 from specserve.errors import SpecServeError
 from specserve.latency.acceptance import positional_acceptance, solve_alpha
+from specserve.latency.arrivals import company
 from specserve.latency.crossval import cross_validate, groupings, observed_predicted, summarize
 from specserve.latency.e2e import fit_e2e, lone_prefill
 from specserve.latency.lengths import LengthClass, length_classes, prefill_slope
@@ -123,6 +124,10 @@ def fit_runs(runs: Sequence[BenchRun], options: FitOptions | None = None,
         notes.append(f"c2p drawn towards a lone request's TTFT ({lone_prefill(kept):.3g} s, prefill prior; "
                      "--no-prefill-prior fits without it)")
     notes.append(_arrival_note(kept, options.arrival_regularity))
+    measured = [(samples[r.source].company, r) for r in kept
+                if r.source in samples and samples[r.source].company is not None]
+    if measured:
+        notes.append(_company_note(measured))
     if model.prefill_per_token is None:
         notes.append("prompt lengths did not vary within runs: prefill cost per token is unknown, "
                      "so predictions at other prompt lengths keep the fitted prefill")
@@ -148,3 +153,12 @@ def _arrival_note(runs: Sequence[BenchRun], regularity: bool) -> str:
     return (f"arrival-gap CV {stated}: load is the company such arrivals give a request (arrivals.py; "
             "--assume-poisson fits SPEC §2's λ·L); predictions assume CV "
             f"{statistics.median(r.cv for r in runs):g} unless --arrival-cv says otherwise")
+
+
+def _company_note(measured: Sequence[tuple[float, BenchRun]]) -> str:
+    """How well the load terms' company matches what the per-request rows measured."""
+    assumed = [abs(float(company(r.in_flight, r.cv)) - c) for c, r in measured]
+    poisson = [abs(r.in_flight - c) for c, r in measured]
+    return (f"company per request over its lifetime, measured from the per-request rows of {len(measured)} runs: "
+            f"mean |measured - modelled| {statistics.fmean(assumed):.2f} requests with the runs' arrival CV, "
+            f"{statistics.fmean(poisson):.2f} with Poisson's rate x L")

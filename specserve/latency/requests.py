@@ -1,8 +1,8 @@
 """Per-request rows of a bench run (the side file named in `requests_file`).
 
 The fit itself needs only run summaries; the rows add what summaries cannot give: the traffic's length
-distribution (length classes), the prefill cost per prompt token, and how much of a run's E2E spread is
-noise rather than its requests' own lengths.
+distribution (length classes), the prefill cost per prompt token, how much of a run's E2E spread is
+noise rather than its requests' own lengths, and the company requests actually kept (arrivals.py).
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ class RequestSample:
     output_tokens: np.ndarray
     ttft: np.ndarray
     e2e: np.ndarray  # NaN where a row lacks it
+    company: float | None = None  # measured co-residents per request over its lifetime (lifetime_company)
 
     def __len__(self) -> int:
         return len(self.prompt_tokens)
@@ -61,7 +62,25 @@ def _sample(rows: list[dict]) -> RequestSample | None:
     return RequestSample(prompt_tokens=np.array([_prompt(r) for r in good], dtype=float),
                          output_tokens=np.array([r["output_tokens"] for r in good], dtype=float),
                          ttft=np.array([r["ttft_s"] for r in good], dtype=float),
-                         e2e=np.array([r.get("e2e_s", np.nan) for r in good], dtype=float))
+                         e2e=np.array([r.get("e2e_s", np.nan) for r in good], dtype=float),
+                         company=lifetime_company(rows))
+
+
+def lifetime_company(rows: list[dict]) -> float | None:
+    """Mean over the measured requests of the time-average number of other requests in flight during
+    each one's lifetime (sent to end), counting every request of the run as company, warm-up ones too.
+    None when rows lack the times."""
+    spans = [(r.get("sent_s", r.get("arrival_s")), r.get("end_s"), r.get("measured", True)) for r in rows
+             if not r.get("error")]
+    spans = [(a, b, m) for a, b, m in spans if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b > a]
+    start, end = (np.array([s[i] for s in spans], dtype=float) for i in (0, 1))
+    measured = np.array([s[2] for s in spans], dtype=bool)
+    if not measured.any():
+        return None
+    a, b = start[measured, None], end[measured, None]
+    shared = np.clip(np.minimum(b, end[None, :]) - np.maximum(a, start[None, :]), 0.0, None).sum(axis=1)
+    life = (b - a)[:, 0]
+    return float(np.mean((shared - life) / life))  # less its own lifetime
 
 
 def load_request_samples(runs: Sequence[BenchRun]) -> tuple[dict[str, RequestSample], list[str]]:

@@ -154,3 +154,17 @@ def test_e2e_noise_is_the_spread_lengths_do_not_explain():
     assert RequestSample(100 * ones, 128 * ones, ones, e2e).e2e_noise_std() is None
     assert RequestSample(ones[:3], g[:3], ones[:3], e2e[:3]).e2e_noise_std() is None
     assert RequestSample(100 * ones, g, ones, np.full(6, np.nan)).e2e_noise_std() is None
+
+
+def test_lifetime_company_counts_overlaps_including_warmup_requests():
+    from specserve.latency.requests import lifetime_company
+    rows = [  # a warm-up request, then three measured ones; the last overlaps nobody
+        {"sent_s": 0.0, "end_s": 4.0, "measured": False},
+        {"sent_s": 2.0, "end_s": 6.0, "measured": True},   # shares 2 s with the first and 3 s with the next
+        {"sent_s": 3.0, "end_s": 7.0, "measured": True},   # 1 s with the first, 3 s with the second
+        {"sent_s": 10.0, "end_s": 12.0, "measured": True},
+        {"sent_s": 3.0, "end_s": 9.0, "error": "timeout"},  # failed requests are no company
+    ]
+    assert lifetime_company(rows) == pytest.approx(((2 + 3) / 4 + (1 + 3) / 4 + 0) / 3)
+    assert lifetime_company([{"sent_s": 0.0, "end_s": 1.0, "measured": False}]) is None
+    assert lifetime_company([{"measured": True}]) is None
