@@ -110,7 +110,8 @@ def predict(args: argparse.Namespace) -> int:
     pred = m.predict(args.rate, args.k, e, args.output_tokens, args.prompt_tokens)
     dense = m.latency(args.rate, 0, 1.0, args.output_tokens, args.prompt_tokens)
     be = break_even_for(m, args.k, e) if args.k > 0 else None
-    out = {"rate": pred.rate, "arrival_cv": m.arrival_cv, "k": pred.k, "acceptance_length": pred.acceptance_length, "acceptance_source": source,
+    out = {"rate": pred.rate, "arrival_cv": m.arrival_cv, "k": pred.k, "acceptance_length": pred.acceptance_length,
+           "acceptance_source": source,
            "output_tokens": pred.output_tokens, "prompt_tokens": pred.prompt_tokens,
            "C1_s": pred.demands.c1, "C2_s": pred.demands.c2, "saturation_rate": pred.saturation_rate,
            "in_flight": pred.in_flight, "e2e_s": pred.e2e, "ttft_s": pred.ttft, "tpot_s": pred.tpot,

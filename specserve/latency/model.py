@@ -83,7 +83,7 @@ class LatencyModel:
     def demands(self, k: int, expected: float, g: float | None = None, p: float | None = None,
                 rate: float = 0.0, cv: float | None = None) -> Demands:
         """(C1, C2) in force at `rate`. Constant for dense-weight models; for MoE taken at the expert
-        coverage of the load predicted there (at rate 0, a lone request's), so L = C1/(1 − λ·C2) holds."""
+        coverage of the load predicted there (at rate 0, a lone request's), so L = C1 + C2·company(λ·L) holds."""
         split = self._split(k, expected, g or self.output_tokens, self.prompt_tokens if p is None else p)
         moe = self.e2e.moe
         if moe is None:
