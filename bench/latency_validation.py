@@ -16,10 +16,13 @@ measured from its first request looks like a growing queue (the fitter then excl
 Hence the defaults: 90 s of arrivals per run, the first 25 s sent but not measured; with the drain,
 each run takes about 2 minutes, so 5 configurations x 8 rates take over an hour per workload there.
 
-Arrivals are regular by default (Gamma gaps with CV --burstiness 0.25, not Poisson's 1): the model is a
-mean-value one (Little's law holds for any arrival process), and in a run of a few dozen requests
-Poisson burstiness alone moves a high-load run's mean E2E by tens of percent, which is measurement
-noise, not model error. `--burstiness 1` gives Poisson arrivals.
+Arrivals are regular by default (Gamma gaps with CV --burstiness 0.25, not Poisson's 1): in a run of a
+few dozen requests Poisson burstiness alone moves a high-load run's mean E2E by tens of percent, which is
+measurement noise, not model error. The results record the CV and the fit counts the company such
+arrivals give a request (docs/latency.md, Arrival regularity). `--burstiness 1` gives Poisson arrivals.
+Running the same command into several --out folders and validating their results files together
+(`specserve latency validate A/fixed.jsonl B/fixed.jsonl ...`) treats them as repeats: each held-out
+point is also scored at the average of its repeats, beside the repeats' own scatter.
 
     python bench/latency_validation.py [--out runs/latency] [--workloads fixed,azure] [--ks 1,2,4,6]
 """
