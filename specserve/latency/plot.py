@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from specserve.latency.arrivals import company
 from specserve.latency.fit import FitReport
 from specserve.latency.formulas import Demands
 from specserve.latency.moe import routed_tokens
@@ -31,6 +32,8 @@ def _point_demands(report: FitReport, conf, run: BenchRun) -> Demands:
 
 
 def _collapse(ax, report: FitReport, runs: Sequence[BenchRun]) -> None:
+    if report.model.arrival_cv != 1.0:
+        return _company_collapse(ax, report, runs)
     x = np.linspace(0, 0.95, 200)
     ax.plot(x, 1 / (1 - x), "k-", lw=1.5, label="y = 1/(1 - x)")
     for conf in report.model.configurations:
@@ -39,6 +42,26 @@ def _collapse(ax, report: FitReport, runs: Sequence[BenchRun]) -> None:
                   for r, d in ((r, _point_demands(report, conf, r)) for r in own)]
         ax.plot([p[0] for p in points], [p[1] for p in points], "o", ms=4, label=conf.label)
     ax.set(xlabel="x = rate x C2", ylabel="y = L / C1", title="Every configuration on one curve")
+    ax.legend(fontsize=7)
+
+
+def _company_collapse(ax, report: FitReport, runs: Sequence[BenchRun]) -> None:
+    """Non-Poisson arrivals: L = C1 + C2·company(λL) puts every configuration on y = company(x) with
+    x = λ·L in flight and y = (L − C1)/C2, the company each run's latency implies."""
+    cv = report.model.arrival_cv
+    top = 1.0
+    for conf in report.model.configurations:
+        own = [r for r in runs if r.label == conf.label and not _is_excluded(report, r)]
+        points = [(r.in_flight, (r.e2e.mean - d.c1) / d.c2)
+                  for r, d in ((r, _point_demands(report, conf, r)) for r in own) if d.c2 > 0]
+        if points:
+            ax.plot(*zip(*points), "o", ms=4, label=conf.label)
+            top = max(top, *(p[0] for p in points))
+    x = np.linspace(0, 1.1 * top, 200)
+    ax.plot(x, company(x, cv), "k-", lw=1.5, label=f"y = company(x), arrival CV {cv:g}")
+    ax.plot(x, x, "k:", lw=1, label="y = x (Poisson, SPEC §2)")
+    ax.set(xlabel="x = rate x L (requests in flight)", ylabel="y = (L - C1) / C2 (company met)",
+           title="Every configuration on one curve")
     ax.legend(fontsize=7)
 
 

@@ -150,3 +150,7 @@ def test_arrival_cv_is_fitted_saved_and_overridable(tmp_path, capsys):
                  "--assume-poisson"]) == 0
     assert "taken as Poisson" in capsys.readouterr().out
     assert model_file.load(poisson).model.arrival_cv == 1.0
+    # the collapse plot puts every configuration on y = company(x) instead of 1/(1 - x)
+    assert main(["latency", "plot", str(out), str(results), "-o", str(tmp_path / "plots")]) == 0
+    image = matplotlib.image.imread(tmp_path / "plots" / "collapse.png")
+    assert image.shape[0] > 300 and image.std() > 0.05
