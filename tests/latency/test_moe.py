@@ -28,6 +28,18 @@ def test_solution_satisfies_the_fixed_point():
         assert latency == pytest.approx(d.c1 / (1 - rate * d.c2), rel=1e-9)
 
 
+@pytest.mark.parametrize("cv", [0.25, 2.0])
+def test_solution_satisfies_the_fixed_point_with_non_poisson_arrivals(cv):
+    from specserve.latency.arrivals import company
+
+    for rate, k in [(0.5, 0), (1.5, 4), (3.0, 2)]:
+        latency = moe_latency(rate, SPLIT, EXPERTS, k + 1, cv)
+        d = SPLIT.at(EXPERTS.coverage(routed_tokens(rate * latency, k + 1)))
+        assert latency == pytest.approx(d.c1 + d.c2 * float(company(rate * latency, cv)), rel=1e-9)
+        poisson = moe_latency(rate, SPLIT, EXPERTS, k + 1)
+        assert (latency < poisson) if cv < 1 else (latency > poisson)
+
+
 def test_full_coverage_reduces_to_the_closed_form():
     dense = MoeExperts(16, 16)  # every token touches every expert: φ = 1 always
     assert moe_latency(2.0, SPLIT, dense, 1) == pytest.approx(Demands(2.5, 0.25).latency(2.0))
