@@ -189,18 +189,14 @@ def fit_e2e(runs: Sequence[BenchRun], moe: MoeExperts | None = None, pooled: boo
         priors = [(names.index("c2p"), lone_prefill(runs))]
     cv = np.array([r.cv for r in runs])
     theta, keep, cis = fit_demands(rate, latency, X, priors, cv)
+    typical = float(np.median(cv))  # the traffic predictions are for unless told (1 = Poisson)
     # The fit may leave a configuration with C1 = 0 only through degenerate data; report it as such.
     provisional = E2EModel(FittedCoefficients.build(names, theta, keep, cis, latency, latency),
-                           moe, RowSpace.of(U), pooled, typical_cv(runs))
+                           moe, RowSpace.of(U), pooled, typical)
     try:
         predicted = np.array([provisional.latency(r.achieved_rate, r.k, r.acceptance_length, r.output_tokens, r.cv)
                               for r in runs])
     except SpecServeError as e:
         raise SpecServeError(f"latency fit is degenerate ({e}); check the runs' latencies") from None
     return E2EModel(FittedCoefficients.build(names, theta, keep, cis, latency, predicted),
-                    moe, RowSpace.of(U), pooled, typical_cv(runs))
-
-
-def typical_cv(runs: Sequence[BenchRun]) -> float:
-    """The runs' median arrival CV (1, Poisson, for runs that do not state theirs)."""
-    return float(statistics.median(r.cv for r in runs))
+                    moe, RowSpace.of(U), pooled, typical)

@@ -123,7 +123,7 @@ def fit_runs(runs: Sequence[BenchRun], options: FitOptions | None = None,
     if options.prefill_prior and options.moe is None:
         notes.append(f"c2p drawn towards a lone request's TTFT ({lone_prefill(kept):.3g} s, prefill prior; "
                      "--no-prefill-prior fits without it)")
-    notes.append(_arrival_note(kept, options.arrival_regularity))
+    notes.append(_arrival_note(kept, options.arrival_regularity, model.arrival_cv))
     measured = [(samples[r.source].company, r) for r in kept
                 if r.source in samples and samples[r.source].company is not None]
     if measured:
@@ -143,7 +143,7 @@ def fit_runs(runs: Sequence[BenchRun], options: FitOptions | None = None,
     return FitReport(model, excluded, notes, summarize(pairs), crossval, list(sources))
 
 
-def _arrival_note(runs: Sequence[BenchRun], regularity: bool) -> str:
+def _arrival_note(runs: Sequence[BenchRun], regularity: bool, assumed: float) -> str:
     cvs = sorted({r.cv for r in runs})
     if not regularity:
         return "arrivals taken as Poisson (--assume-poisson): load is SPEC §2's λ·L"
@@ -151,8 +151,8 @@ def _arrival_note(runs: Sequence[BenchRun], regularity: bool) -> str:
         return "arrivals Poisson (or not stated): load is SPEC §2's λ·L"
     stated = ", ".join(f"{c:g}" for c in cvs)
     return (f"arrival-gap CV {stated}: load is the company such arrivals give a request (arrivals.py; "
-            "--assume-poisson fits SPEC §2's λ·L); predictions assume CV "
-            f"{statistics.median(r.cv for r in runs):g} unless --arrival-cv says otherwise")
+            f"--assume-poisson fits SPEC §2's λ·L); predictions assume CV {assumed:g} unless --arrival-cv "
+            "says otherwise")
 
 
 def _company_note(measured: Sequence[tuple[float, BenchRun]]) -> str:

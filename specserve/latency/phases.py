@@ -64,11 +64,6 @@ class PhaseModel:
         base = float(base_features(self.metric, k, expected) @ theta[:2])
         return base, float(load_features(self.metric, k, expected, in_flight, cv) @ theta[2:])
 
-    def predict(self, k: int, expected: float, in_flight: float, cv: float = 1.0) -> float:
-        if not np.isfinite(in_flight):
-            return float("inf")  # saturated: the queue, and with it every phase, grows without bound
-        return sum(self.parts(k, expected, in_flight, cv))
-
     def estimable(self, k: int, expected: float) -> bool:
         return (self.base_space.contains(base_features(self.metric, k, expected))
                 and self.load_space.contains(load_shape(self.metric, k, expected)))
