@@ -18,6 +18,19 @@ bursty ones (c > 1) charge x + c² − 1. The mean latency is then the smallest 
 which is C1/(1 − λ·C2) at c = 1. A new arrival finds M(x) others still in flight, the step running
 with probability P(first gap ≤ x) (1 − e^(−x) for Poisson): the TTFT model's load terms.
 
+Mixed lifetimes. The formula above takes every request to live equally long. With lifetimes ℓ_i (in
+mean gaps: x_i = λ·ℓ_i) the time request j spends beside request i, summed over the renewal process's
+offsets, is D(x_i) − D((x_i − x_j)⁺) + D(x_j) − D((x_j − x_i)⁺) with D(x) = ∫_0^x M. The mean latency
+needs that summed over i and divided by Σ x_i (each request is slowed in proportion to its own lifetime,
+so longer ones count more):
+
+    company(x) = 2·Σ_i w_i·D(x·r_i)/x − 2·Σ_ij w_i·w_j·D(x·(r_i − r_j)⁺)/x,
+
+r_i the relative lifetimes (weighted mean 1, `Lifetimes`). Equal lifetimes give (2/x)·D(x) back, Poisson
+gives x for any mix. A short request arriving just behind a long one meets it however regular the gaps,
+so a mix of lengths loses part of the regular-arrival discount: x − (1 − c²)·Σ w_i·w_j·min(r_i, r_j) at
+high load.
+
 Gaps are taken Gamma-distributed with shape 1/c², as `specserve bench --burstiness c` draws them (vLLM's
 `--burstiness` is that shape itself); M is then a sum of Gamma CDFs, tabulated once per c and interpolated.
 """
@@ -25,6 +38,8 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -68,14 +83,80 @@ def _lookup(table: np.ndarray, load, tail) -> np.ndarray:
     return np.where(x <= _GRID_END, np.interp(x, _GRID, table), tail(np.maximum(x, _GRID_END)))
 
 
-def company(load, cv: float = 1.0) -> np.ndarray:
-    """Mean number of others a request shares the server with over its lifetime, at load x = λ·L."""
+@dataclass(frozen=True, slots=True)
+class Lifetimes:
+    """Relative lifetimes r_i of a traffic's requests with their weights w_i (Σ w_i·r_i = 1). A request's
+    lifetime is taken proportional to its output length (its decode steps); the prefill's share is left
+    out. `EQUAL`, one point, is the fixed-length traffic of the plain formula."""
+
+    values: tuple[float, ...] = (1.0,)
+    weights: tuple[float, ...] = (1.0,)
+
+    @classmethod
+    def of(cls, lengths: Sequence[float], weights: Sequence[float] | None = None, points: int = 16) -> Lifetimes:
+        """From output lengths (one per request, compressed to `points` equal-count groups) or from
+        weighted length classes. EQUAL when the longest is within 2 % of the shortest."""
+        g = np.asarray(lengths, dtype=float)
+        if g.size == 0 or not np.all(np.isfinite(g)) or np.any(g <= 0):
+            raise SpecServeError("lifetimes need positive, finite lengths")
+        if weights is None:
+            g = np.sort(g)
+            groups = np.array_split(g, min(points, g.size))
+            g, w = np.array([a.mean() for a in groups]), np.array([a.size for a in groups], dtype=float)
+        else:
+            w = np.asarray(weights, dtype=float)
+            if w.shape != g.shape or np.any(w <= 0):
+                raise SpecServeError("lifetime weights must be positive, one per length")
+        if g.max() <= 1.02 * g.min():
+            return EQUAL
+        w = w / w.sum()
+        r = g / float(w @ g)
+        return cls(tuple(round(float(v), 4) for v in r), tuple(round(float(v), 6) for v in w))
+
+    @property
+    def equal(self) -> bool:
+        return len(self.values) == 1
+
+    def overlap(self) -> float:
+        """Σ w_i·w_j·min(r_i, r_j): the share of the regular-arrival discount a mix keeps at high load."""
+        r, w = np.array(self.values), np.array(self.weights)
+        return float(w @ np.minimum(r[:, None], r[None, :]) @ w)
+
+
+EQUAL = Lifetimes()
+
+
+def company(load, cv: float = 1.0, lifetimes: Lifetimes = EQUAL) -> np.ndarray:
+    """Mean number of others a request shares the server with over its lifetime, at load x = λ·L
+    (lifetime-weighted over `lifetimes`)."""
     if cv == 1.0:
         return np.asarray(load, dtype=float)
-    table = _tables(check_cv(cv))[1]
-    # ∫M = x²/2 + (c² − 1)·x/2 + K + o(1), so company = x + c² − 1 + 2K/x past the grid; K from its end.
-    k2 = (table[-1] - _GRID_END - (cv ** 2 - 1.0)) * _GRID_END
-    return _lookup(table, load, lambda x: x + cv ** 2 - 1.0 + k2 / x)
+    if lifetimes.equal:
+        table = _tables(check_cv(cv))[1]
+        share = 1.0
+    else:
+        table = _mixed_table(check_cv(cv), lifetimes)
+        share = lifetimes.overlap()
+    # ∫M = x²/2 + (c² − 1)·x/2 + K + o(1), so company = x + (c² − 1)·share + 2K/x past the grid; K from
+    # its end (share = 1 for equal lifetimes; module docstring).
+    shift = (cv ** 2 - 1.0) * share
+    k2 = (table[-1] - _GRID_END - shift) * _GRID_END
+    return _lookup(table, load, lambda x: x + shift + k2 / x)
+
+
+@functools.lru_cache(maxsize=256)
+def _mixed_table(cv: float, lifetimes: Lifetimes) -> np.ndarray:
+    """company on _GRID for mixed lifetimes (module docstring), from D(x) = x·company(x)/2."""
+    r, w = np.array(lifetimes.values), np.array(lifetimes.weights)
+    x = _GRID[:, None]
+
+    def integral(y: np.ndarray) -> np.ndarray:  # D(y) = ∫_0^y M
+        return 0.5 * y * company(y, cv)
+
+    gaps = np.clip(r[:, None] - r[None, :], 0.0, None).ravel()           # (r_i − r_j)⁺, [n·n]
+    pair_w = (w[:, None] * w[None, :]).ravel()
+    total = 2.0 * integral(x * r[None, :]) @ w - 2.0 * integral(x * gaps[None, :]) @ pair_w
+    return np.divide(total, _GRID, out=np.zeros_like(_GRID), where=_GRID > 0)
 
 
 def seen_on_arrival(load, cv: float = 1.0) -> np.ndarray:
@@ -94,30 +175,39 @@ def busy_on_arrival(load, cv: float = 1.0) -> np.ndarray:
     return np.where(x <= _GRID_END, np.interp(x, _GRID, _tables(check_cv(cv))[2]), 1.0)
 
 
-def loaded_latency(c1, c2, rate, cv=1.0) -> np.ndarray:
+def loaded_latency(c1, c2, rate, cv=1.0, lifetimes: Lifetimes | Sequence[Lifetimes] = EQUAL) -> np.ndarray:
     """Smallest L with L = C1 + C2·company(λ·L), elementwise; inf where λ·C2 ≥ 1 (no steady state).
+    `lifetimes`: one for all elements or one per element (of the broadcast arrays, flattened).
 
-    Bracket: L = C1 leaves the right side ≥ L, and company(x) ≤ x + c² (Lorden's bound on M) makes
-    L = (C1 + C2·c²)/(1 − λ·C2) leave it ≤ L. company grows, but can grow faster than x (regular arrivals
-    step from alone to company near x = 1), so the first sign change on a grid is refined by bisection.
+    Bracket: L = C1 leaves the right side ≥ L, and company(x) ≤ x + c² (Lorden's bound on M; x + 2c² + 2
+    for mixed lifetimes) makes L = (C1 + C2·bound)/(1 − λ·C2) leave it ≤ L. company grows, but can grow
+    faster than x (regular arrivals step from alone to company near x = 1), so the first sign change on a
+    grid is refined by bisection.
     """
     c1, c2, lam, cv = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (c1, c2, rate, cv)))
+    shape = c1.shape
+    c1, c2, lam, cv = (a.ravel() for a in (c1, c2, lam, cv))
+    mix = [lifetimes] * c1.size if isinstance(lifetimes, Lifetimes) else list(lifetimes)
+    if len(mix) != c1.size:
+        raise SpecServeError(f"need one Lifetimes per element ({c1.size}), got {len(mix)}")
     load = lam * c2
     out = np.full(c1.shape, np.inf)
     ok = load < 1.0
     poisson = ok & (cv == 1.0)
     out[poisson] = c1[poisson] / (1.0 - load[poisson])
-    for c in np.unique(cv[ok & ~poisson]):
-        sel = ok & (cv == c)
-        out[sel] = _fixed_point(c1[sel], c2[sel], lam[sel], float(c))
-    return out
+    keys = [(float(c), m) for c, m in zip(cv, mix)]
+    for key in {k for k, good in zip(keys, ok & ~poisson) if good}:
+        sel = ok & ~poisson & np.array([k == key for k in keys])
+        out[sel] = _fixed_point(c1[sel], c2[sel], lam[sel], *key)
+    return out.reshape(shape)
 
 
-def _fixed_point(c1: np.ndarray, c2: np.ndarray, lam: np.ndarray, cv: float) -> np.ndarray:
-    lo, hi = c1, (c1 + c2 * cv ** 2) / (1.0 - lam * c2)
+def _fixed_point(c1: np.ndarray, c2: np.ndarray, lam: np.ndarray, cv: float, lifetimes: Lifetimes) -> np.ndarray:
+    bound = cv ** 2 if lifetimes.equal else 2.0 * cv ** 2 + 2.0
+    lo, hi = c1, (c1 + c2 * bound) / (1.0 - lam * c2)
 
     def excess(latency: np.ndarray, c1=c1, c2=c2, lam=lam) -> np.ndarray:  # > 0 below the root
-        return c1 + c2 * company(lam * latency, cv) - latency
+        return c1 + c2 * company(lam * latency, cv, lifetimes) - latency
 
     steps = lo[:, None] + (hi - lo)[:, None] * np.linspace(0.0, 1.0, 65)[None, :]
     below = excess(steps, c1[:, None], c2[:, None], lam[:, None]) > 0.0

@@ -1,7 +1,8 @@
 """Prediction errors: in-sample, leave-one-rate-out (LORO), leave-one-configuration-out (LOCO) and
 leave-one-k-out.
 
-A held-out point is predicted at its achieved rate with its own k, measured E, lengths and arrival CV —
+A held-out point is predicted at its achieved rate with its own k, measured E, lengths (their mean and
+spread) and arrival CV —
 what a user knows before running it. Metrics the training data cannot speak for at a point's configuration
 (see `RowSpace`) are left out with a note rather than predicted with coefficients never identified.
 """
@@ -23,7 +24,7 @@ TARGETS = METRICS + tuple(f"{m}_{q}" for m in METRICS for q in QUANTILES)
 def observed_predicted(model: LatencyModel, run: BenchRun) -> dict[str, tuple[float, float]]:
     """{target: (observed, predicted)} for one run, leaving out metrics the model cannot speak for."""
     pred = model.predict(run.achieved_rate, run.k, run.acceptance_length, run.output_tokens,
-                         run.prompt_tokens, run.cv)
+                         run.prompt_tokens, run.cv, run.lifetimes)
     out = {}
     for metric in METRICS:
         if metric in pred.unsupported:

@@ -10,7 +10,7 @@ import numpy as np
 
 from specserve.errors import SpecServeError
 from specserve.latency.acceptance import positional_acceptance, solve_alpha
-from specserve.latency.arrivals import company
+from specserve.latency.arrivals import Lifetimes, company
 from specserve.latency.crossval import cross_validate, groupings, observed_predicted, summarize
 from specserve.latency.e2e import fit_e2e, lone_prefill
 from specserve.latency.lengths import LengthClass, length_classes, prefill_slope
@@ -96,7 +96,7 @@ def fit_model(runs: Sequence[BenchRun], moe: MoeExperts | None = None,
 
     def parts(metric: str, run: BenchRun) -> tuple[float, float]:
         return model.parts(metric, run.achieved_rate, run.k, run.acceptance_length, run.output_tokens,
-                           run.prompt_tokens, run.cv, tail=True)
+                           run.prompt_tokens, run.cv, tail=True, lifetimes=run.lifetimes)
 
     return replace(model, tails=fit_tails(runs, parts))
 
@@ -118,6 +118,9 @@ def fit_runs(runs: Sequence[BenchRun], options: FitOptions | None = None,
         raise SpecServeError(f"only {len(kept)} of {len(runs)} runs are below saturation; need at least 2 "
                              f"(excluded: {why}{' ...' if len(exclusions) > 3 else ''})")
     samples, notes = load_request_samples(kept)
+    # Each run's spread of lifetimes (from its output lengths) sets the company its requests keep.
+    kept = [replace(r, lifetimes=Lifetimes.of(samples[r.source].output_tokens)) if r.source in samples else r
+            for r in kept]
     model = fit_model(kept, options.moe, samples, options.n_length_classes, notes,
                       prefill_prior=options.prefill_prior)
     if options.prefill_prior and options.moe is None:
@@ -157,8 +160,9 @@ def _arrival_note(runs: Sequence[BenchRun], regularity: bool, assumed: float) ->
 
 def _company_note(measured: Sequence[tuple[float, BenchRun]]) -> str:
     """How well the load terms' company matches what the per-request rows measured."""
-    assumed = [abs(float(company(r.in_flight, r.cv)) - c) for c, r in measured]
+    assumed = [abs(float(company(r.in_flight, r.cv, r.lifetimes)) - c) for c, r in measured]
     poisson = [abs(r.in_flight - c) for c, r in measured]
-    return (f"company per request over its lifetime, measured from the per-request rows of {len(measured)} runs: "
-            f"mean |measured - modelled| {statistics.fmean(assumed):.2f} requests with the runs' arrival CV, "
+    return (f"company over the requests' lifetimes, measured from the per-request rows of {len(measured)} runs: "
+            f"mean |measured - modelled| {statistics.fmean(assumed):.2f} requests with the runs' arrival CV "
+            "and lengths, "
             f"{statistics.fmean(poisson):.2f} with Poisson's rate x L")

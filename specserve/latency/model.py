@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, replace
 
 from specserve.errors import SpecServeError
 from specserve.latency.acceptance import check_k
-from specserve.latency.arrivals import check_cv, company
+from specserve.latency.arrivals import EQUAL, Lifetimes, check_cv, company
 from specserve.latency.e2e import E2EModel, latency_of
 from specserve.latency.formulas import Demands, check_rate
 from specserve.latency.lengths import LengthClass
@@ -75,20 +75,30 @@ class LatencyModel:
     def _cv(self, cv: float | None) -> float:
         return self.arrival_cv if cv is None else check_cv(cv)
 
+    @property
+    def lifetimes(self) -> Lifetimes:
+        """The relative lifetimes predictions assume unless told: the fitted traffic's length classes."""
+        if len(self.length_classes) < 2:
+            return EQUAL
+        return Lifetimes.of([c.output_tokens for c in self.length_classes], [c.weight for c in self.length_classes])
+
+    def _mix(self, lifetimes: Lifetimes | None) -> Lifetimes:
+        return self.lifetimes if lifetimes is None else lifetimes
+
     def latency(self, rate: float, k: int, expected: float, g: float | None = None,
-                p: float | None = None, cv: float | None = None) -> float:
+                p: float | None = None, cv: float | None = None, lifetimes: Lifetimes | None = None) -> float:
         split = self._split(k, expected, g or self.output_tokens, self.prompt_tokens if p is None else p)
-        return latency_of(split, rate, self.e2e.moe, k, self._cv(cv))
+        return latency_of(split, rate, self.e2e.moe, k, self._cv(cv), self._mix(lifetimes))
 
     def demands(self, k: int, expected: float, g: float | None = None, p: float | None = None,
-                rate: float = 0.0, cv: float | None = None) -> Demands:
+                rate: float = 0.0, cv: float | None = None, lifetimes: Lifetimes | None = None) -> Demands:
         """(C1, C2) in force at `rate`. Constant for dense-weight models; for MoE taken at the expert
         coverage of the load predicted there (at rate 0, a lone request's), so L = C1 + C2·company(λ·L) holds."""
         split = self._split(k, expected, g or self.output_tokens, self.prompt_tokens if p is None else p)
         moe = self.e2e.moe
         if moe is None:
             return split.full
-        latency = latency_of(split, rate, moe, k, self._cv(cv))
+        latency = latency_of(split, rate, moe, k, self._cv(cv), self._mix(lifetimes))
         return split.full if math.isinf(latency) else split.at(moe.coverage(routed_tokens(rate * latency, k + 1)))
 
     def saturation_rate(self, k: int, expected: float, g: float | None = None, p: float | None = None) -> float:
@@ -97,18 +107,20 @@ class LatencyModel:
                            self.prompt_tokens if p is None else p).full.saturation_rate
 
     def parts(self, metric: str, rate: float, k: int, expected: float, g: float | None = None,
-              p: float | None = None, cv: float | None = None, tail: bool = False) -> tuple[float, float]:
+              p: float | None = None, cv: float | None = None, tail: bool = False,
+              lifetimes: Lifetimes | None = None) -> tuple[float, float]:
         """(lone-request part, load part) of a metric's mean; inf load at saturation. `tail`: the load
         part the tail model scales, which counts all B = λ·L in flight as company (Poisson's count) even
         where regular arrivals leave the average request less: the unlucky ones, whom a tail is about,
-        meet them."""
-        cv = self._cv(cv)
-        e2e = self.latency(rate, k, expected, g, p, cv)
+        meet them. Mixed lifetimes enter the E2E company; TTFT and TPOT take B from it."""
+        cv, mix = self._cv(cv), self._mix(lifetimes)
+        e2e = self.latency(rate, k, expected, g, p, cv, mix)
         if metric == "e2e":
-            base = self.latency(0.0, k, expected, g, p, cv)
+            base = self.latency(0.0, k, expected, g, p, cv, mix)
             if tail and math.isfinite(e2e):
                 b = rate * e2e
-                return base, e2e - base + self.demands(k, expected, g, p, rate, cv).c2 * (b - float(company(b, cv)))
+                c2 = self.demands(k, expected, g, p, rate, cv, mix).c2
+                return base, e2e - base + c2 * (b - float(company(b, cv, mix)))
             return base, e2e - base
         model = self.ttft if metric == "ttft" else self.tpot
         if math.isinf(e2e):
@@ -119,25 +131,26 @@ class LatencyModel:
         return base, load
 
     def predict(self, rate: float, k: int, expected: float, g: float | None = None,
-                p: float | None = None, cv: float | None = None) -> Prediction:
-        """Means and tails at arrival rate λ with arrival-gap CV `cv` (default: the fitted runs')."""
+                p: float | None = None, cv: float | None = None, lifetimes: Lifetimes | None = None) -> Prediction:
+        """Means and tails at arrival rate λ with arrival-gap CV `cv` and the requests' relative
+        `lifetimes` (defaults: the fitted runs' CV and length classes)."""
         check_rate(rate)
         check_k(k)
-        cv = self._cv(cv)
+        cv, mix = self._cv(cv), self._mix(lifetimes)
         g = self.output_tokens if g is None else float(g)
         p = self.prompt_tokens if p is None else float(p)
         if not (1.0 <= expected <= k + 1):  # k = 0 leaves only E = 1
             raise SpecServeError(f"tokens per cycle E={expected:g} must be in [1, k+1] for k={k}")
         means, quantiles = {}, {}
         for metric in METRICS:
-            base, load = self.parts(metric, rate, k, expected, g, p, cv)
+            base, load = self.parts(metric, rate, k, expected, g, p, cv, lifetimes=mix)
             means[metric] = base + load
-            spread = self.parts(metric, rate, k, expected, g, p, cv, tail=True)
+            spread = self.parts(metric, rate, k, expected, g, p, cv, tail=True, lifetimes=mix)
             for q in QUANTILES:
                 value = self.tails.predict(metric, q, *spread)
                 if value is not None:
                     quantiles.setdefault(metric, {})[q] = value
-        demands = self.demands(k, expected, g, p, rate, cv)
+        demands = self.demands(k, expected, g, p, rate, cv, mix)
         unsupported = tuple(m for m in METRICS if not self.estimable(m, k, expected, g))
         return Prediction(rate, k, expected, g, p, demands, self.saturation_rate(k, expected, g, p),
                           rate * means["e2e"], means["e2e"], means["ttft"], means["tpot"], quantiles,
@@ -157,8 +170,10 @@ class LatencyModel:
         total = sum(c.weight for c in classes)
         g = sum(c.weight * c.output_tokens for c in classes) / total
         p = sum(c.weight * c.prompt_tokens for c in classes) / total
-        mix = self.predict(rate, k, expected, g, p, cv)
-        others = float(company(mix.in_flight, self._cv(cv))) if math.isfinite(mix.in_flight) else math.inf
+        lifetimes = Lifetimes.of([c.output_tokens for c in classes], [c.weight for c in classes])
+        mix = self.predict(rate, k, expected, g, p, cv, lifetimes)
+        # every class is charged the mixture's (lifetime-weighted) company
+        others = float(company(mix.in_flight, self._cv(cv), lifetimes)) if math.isfinite(mix.in_flight) else math.inf
         rows = []
         for c in classes:
             if math.isinf(mix.e2e):

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 from specserve.errors import SpecServeError
-from specserve.latency.arrivals import company, loaded_latency
+from specserve.latency.arrivals import EQUAL, Lifetimes, company, loaded_latency
 from specserve.latency.formulas import Demands, check_rate
 
 
@@ -67,7 +67,7 @@ class MoeDemands:
 
 
 def moe_latency(rate: float, demands: MoeDemands, experts: MoeExperts, tokens_per_request: float,
-                cv: float = 1.0) -> float:
+                cv: float = 1.0, lifetimes: Lifetimes = EQUAL) -> float:
     """Solve L = C1(φ) + C2(φ)·company(λL) (= C1(φ)/(1 − λ·C2(φ)) for Poisson arrivals, cv = 1; see
     arrivals.py), φ = φ(max(λL, 1)·(k+1)), for the smallest root (the stable branch
     a system reaches starting empty). inf when λ ≥ 1/C2 at full coverage: past that a burst that fills the
@@ -84,12 +84,12 @@ def moe_latency(rate: float, demands: MoeDemands, experts: MoeExperts, tokens_pe
 
     def excess(latency: float) -> float:
         d = demands.at(experts.coverage(routed_tokens(lam * latency, tokens_per_request)))
-        return latency - d.c1 - d.c2 * float(company(lam * latency, cv))
+        return latency - d.c1 - d.c2 * float(company(lam * latency, cv, lifetimes))
 
     # excess < 0 at the lone-request latency (coverage only grows with L) and >= 0 at the full-coverage
     # latency (coverage <= 1); scanning between them finds the first sign change, which brentq refines.
     lo = demands.at(experts.coverage(tokens_per_request)).c1
-    hi = float(loaded_latency(full.c1, full.c2, lam, cv))
+    hi = float(loaded_latency(full.c1, full.c2, lam, cv, lifetimes))
     if excess(lo) >= 0.0:
         return lo
     prev = lo

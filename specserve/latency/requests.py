@@ -24,7 +24,7 @@ class RequestSample:
     output_tokens: np.ndarray
     ttft: np.ndarray
     e2e: np.ndarray  # NaN where a row lacks it
-    company: float | None = None  # measured co-residents per request over its lifetime (lifetime_company)
+    company: float | None = None  # measured co-residents over the requests' lifetimes (lifetime_company)
 
     def __len__(self) -> int:
         return len(self.prompt_tokens)
@@ -67,9 +67,9 @@ def _sample(rows: list[dict]) -> RequestSample | None:
 
 
 def lifetime_company(rows: list[dict]) -> float | None:
-    """Mean over the measured requests of the time-average number of other requests in flight during
-    each one's lifetime (sent to end), counting every request of the run as company, warm-up ones too.
-    None when rows lack the times."""
+    """The time-average number of other requests in flight during the measured requests' lifetimes (sent
+    to end), pooled over them (lifetime-weighted, as the latency model's company is: arrivals.py),
+    counting every request of the run as company, warm-up ones too. None when rows lack the times."""
     spans = [(r.get("sent_s", r.get("arrival_s")), r.get("end_s"), r.get("measured", True)) for r in rows
              if not r.get("error")]
     spans = [(a, b, m) for a, b, m in spans if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b > a]
@@ -80,7 +80,7 @@ def lifetime_company(rows: list[dict]) -> float | None:
     a, b = start[measured, None], end[measured, None]
     shared = np.clip(np.minimum(b, end[None, :]) - np.maximum(a, start[None, :]), 0.0, None).sum(axis=1)
     life = (b - a)[:, 0]
-    return float(np.mean((shared - life) / life))  # less its own lifetime
+    return float(np.sum(shared - life) / np.sum(life))  # less its own lifetime
 
 
 def load_request_samples(runs: Sequence[BenchRun]) -> tuple[dict[str, RequestSample], list[str]]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from specserve.errors import SpecServeError
 from specserve.latency.acceptance import acceptance_length_from_spec, check_k, expected_tokens
-from specserve.latency.arrivals import run_cv
+from specserve.latency.arrivals import EQUAL, Lifetimes, run_cv
 
 RUN_SCHEMA = "specserve.bench.run/1"
 
@@ -69,6 +69,8 @@ class BenchRun:
     source: str  # "file:line", so exclusions and errors point at the record
     requests_path: str | None
     run_key: str | None  # value of the per-request rows' "run" field that belongs to this run, if known
+    lifetimes: Lifetimes = EQUAL  # the requests' relative lifetimes, from their output lengths where the
+    # per-request rows give them (fit_runs); equal lifetimes otherwise
 
     def __post_init__(self) -> None:
         check_k(self.k)

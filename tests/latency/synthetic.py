@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from specserve.latency.acceptance import expected_tokens
-from specserve.latency.arrivals import busy_on_arrival, company, loaded_latency, seen_on_arrival
+from specserve.latency.arrivals import EQUAL, Lifetimes, busy_on_arrival, company, loaded_latency, seen_on_arrival
 from specserve.latency.formulas import SpecCoefficients
 from specserve.latency.moe import MoeDemands, MoeExperts, moe_latency
 
@@ -36,7 +36,8 @@ class Sweep:
     prompt_tokens: int = 256
     output_tokens: int = 128
     extra_output_tokens: tuple = ()  # further output lengths to sweep every configuration at ("<label>-g<N>")
-    output_spread: int = 0  # > 0: per-request output lengths vary by ± this (mixed-length traffic)
+    output_spread: int = 0  # > 0: per-request output lengths vary by ± this (mixed-length traffic; with
+    # per-request rows, the latencies follow the company of those lengths' lifetimes)
     saturated: bool = True
     rows: bool = True
     moe: MoeExperts | None = None
@@ -45,13 +46,13 @@ class Sweep:
     seed: int = 0
 
 
-def _latency(sweep: Sweep, rate: float, k: int, e: float, g: float) -> float:
+def _latency(sweep: Sweep, rate: float, k: int, e: float, g: float, lifetimes: Lifetimes = EQUAL) -> float:
     d = TRUE.demands(g, e, k)
     if sweep.moe is None:
-        return float(loaded_latency(d.c1, d.c2, rate, sweep.arrival_cv))
+        return float(loaded_latency(d.c1, d.c2, rate, sweep.arrival_cv, lifetimes))
     s = sweep.moe_split["share"]
     return moe_latency(rate, MoeDemands(d.c1 * (1 - s), d.c1 * s, d.c2 * (1 - s), d.c2 * s), sweep.moe, k + 1,
-                       sweep.arrival_cv)
+                       sweep.arrival_cv, lifetimes)
 
 
 def _stats(mean: float, base: float, load: float, rng, noise: float) -> dict:
@@ -63,11 +64,12 @@ def _stats(mean: float, base: float, load: float, rng, noise: float) -> dict:
     return out
 
 
-def _record(sweep, rng, label, k, alpha, e, rate, scale=1.0, e2e=None, g=None, **extra) -> tuple[dict, float]:
+def _record(sweep, rng, label, k, alpha, e, rate, scale=1.0, e2e=None, g=None, lifetimes=EQUAL,
+            **extra) -> tuple[dict, float]:
     g, p, n = g or sweep.output_tokens, sweep.prompt_tokens, 200
     noise = lambda: 1 + sweep.noise * rng.standard_normal()  # noqa: E731
     lone = _latency(sweep, 0.0, k, e, g)
-    e2e = e2e or _latency(sweep, rate, k, e, g) * scale
+    e2e = e2e or _latency(sweep, rate, k, e, g, lifetimes) * scale
     b, cv = rate * e2e, sweep.arrival_cv
     ttft_base = TTFT["t1"] + (TTFT["t1d"] if k else 0.0)
     ttft_load = (busy_on_arrival(b, cv) * (TTFT["tb"] + k * TTFT["tb_d"])
@@ -75,7 +77,8 @@ def _record(sweep, rng, label, k, alpha, e, rate, scale=1.0, e2e=None, g=None, *
     tpot_base = (TPOT["s1v"] + k * TPOT["s1d"]) / e
     tpot_load = company(b, cv) * (TPOT["s2v"] + k * TPOT["s2d"]) / e
     # The tails scale the load every request in flight would add (λ·L company), as tails.py models them.
-    tail_load = e2e - lone + (TRUE.demands(g, e, k).c2 * (b - company(b, cv)) if sweep.moe is None else 0.0)
+    tail_load = e2e - lone + (TRUE.demands(g, e, k).c2 * (b - company(b, cv, lifetimes)) if sweep.moe is None
+                              else 0.0)
     process = {"process": "poisson"} if cv == 1.0 else {"process": "gamma", "burstiness": cv}
     offered = rate  # below saturation the achieved rate is the arrival rate (schema v1)
     record = {
@@ -100,12 +103,16 @@ def _record(sweep, rng, label, k, alpha, e, rate, scale=1.0, e2e=None, g=None, *
     return record, ttft_base + ttft_load
 
 
-def _rows(sweep, rng, run_id, ttft_mean, g_mean) -> list[dict]:
+def _output_lengths(sweep, rng, g_mean) -> list[int]:
+    if not sweep.output_spread:
+        return [g_mean] * 40
+    return [g_mean + int(rng.integers(-sweep.output_spread, sweep.output_spread + 1)) for _ in range(40)]
+
+
+def _rows(sweep, rng, run_id, ttft_mean, lengths) -> list[dict]:
     rows = []
-    for i in range(40):
+    for i, g in enumerate(lengths):
         p = sweep.prompt_tokens + int(rng.integers(-64, 65))
-        g = g_mean + (int(rng.integers(-sweep.output_spread, sweep.output_spread + 1))
-                                   if sweep.output_spread else 0)
         ttft = (ttft_mean + PREFILL_PER_TOKEN * (p - sweep.prompt_tokens)) * (1 + sweep.noise * rng.standard_normal())
         rows.append({"run": run_id, "id": i, "measured": True, "prompt_tokens": p, "output_tokens": g,
                      "ttft_s": ttft, "e2e_s": None, "spec": None, "error": None})
@@ -131,12 +138,14 @@ def write_sweep(directory: Path, sweep: Sweep | None = None, name: str = "result
             label = f"{label}-g{g}"
         for i, frac in enumerate(sweep.load_fractions):
             run_id = f"{label}-{i}"
-            record, ttft_mean = _record(sweep, rng, label, k, alpha, e, frac * tops[g], run_id=run_id, g=g)
+            lengths = _output_lengths(sweep, rng, g) if sweep.rows else [g]
+            record, ttft_mean = _record(sweep, rng, label, k, alpha, e, frac * tops[g], run_id=run_id, g=g,
+                                        lifetimes=Lifetimes.of(lengths))
             if sweep.rows:
                 side = f"requests-{run_id}.jsonl"
                 record["requests_file"] = side
                 (directory / side).write_text("".join(json.dumps(r) + "\n" for r in
-                                                      _rows(sweep, rng, run_id, ttft_mean, g)))
+                                                      _rows(sweep, rng, run_id, ttft_mean, lengths)))
             lines.append(record)
     if sweep.saturated:
         label, k, alpha = sweep.configs[-1]

@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 
 from specserve.errors import SpecServeError
-from specserve.latency.arrivals import (busy_on_arrival, check_cv, company, loaded_latency, run_cv,
-                                        seen_on_arrival)
+from specserve.latency.arrivals import (EQUAL, Lifetimes, busy_on_arrival, check_cv, company, loaded_latency,
+                                        run_cv, seen_on_arrival)
 
 
 def _simulate(cv: float, lifetime: float, n: int = 200_000, seed: int = 0) -> tuple[float, float, float]:
@@ -79,3 +79,54 @@ def test_cv_outside_the_modelled_range_is_an_error():
         run_cv("gamma", 10.0)
     assert run_cv("poisson", None) == 1.0 and run_cv("gamma", 0.25) == 0.25
     assert run_cv("trace", None) is None and run_cv("closed", None) is None
+
+
+def _simulate_mixed(cv: float, lifetimes: np.ndarray, n: int = 100_000, seed: int = 1) -> float:
+    """Unit-rate Gamma arrivals, each request's lifetime drawn from `lifetimes`: the lifetime-weighted
+    company, Σ_i (time others spend beside i) / Σ_i ℓ_i."""
+    rng = np.random.default_rng(seed)
+    t = np.cumsum(rng.gamma(1 / cv**2, cv**2, n))
+    life = rng.choice(lifetimes, n)
+    shared, lag = 0.0, 1
+    while True:  # pair (i, i + lag): the later one's span cut by the earlier one's end
+        start = t[lag:]
+        overlap = np.clip(np.minimum(t[:-lag] + life[:-lag], start + life[lag:]) - start, 0.0, None)
+        if not overlap.any():  # arrivals lag apart outlive every lifetime: so do all further lags
+            break
+        shared, lag = shared + 2 * overlap.sum(), lag + 1
+    return shared / life.sum()
+
+
+@pytest.mark.parametrize("cv,mean_life", [(0.25, 0.8), (0.25, 3.0), (0.5, 6.0), (2.0, 2.0)])
+def test_mixed_lifetimes_match_simulated_arrivals(cv, mean_life):
+    shapes = np.array([0.1, 0.4, 1.0, 2.5])  # short and long requests, equally many
+    life = shapes / shapes.mean() * mean_life
+    simulated = _simulate_mixed(cv, life)
+    modelled = float(company(mean_life, cv, Lifetimes.of(life)))
+    assert abs(simulated - modelled) < 0.02 * max(1.0, simulated), (simulated, modelled)
+    if cv < 1:  # a mix keeps less of the regular-arrival discount than equal lifetimes do
+        assert float(company(mean_life, cv)) < modelled < mean_life
+
+
+def test_mixed_lifetimes_reduce_to_the_plain_formulas():
+    x = np.array([0.0, 0.4, 1.0, 3.0, 20.0, 64.0, 200.0])
+    mix = Lifetimes.of([30, 64, 128, 512, 700])
+    assert np.allclose(company(x, 1.0, mix), x)                       # Poisson: x for any mix
+    assert Lifetimes.of([128, 128, 129]) is EQUAL                     # within 2 %: one length
+    assert np.allclose(company(x, 0.5, Lifetimes.of([100, 200], [0.5, 0.5])),
+                       company(x, 0.5, Lifetimes.of([100, 200, 200, 100])))  # classes or requests alike
+    for big in (50.0, 90.0, 500.0):  # x − (1 − c²)·Σ w_i w_j min(r_i, r_j) at high load, in and past the table
+        assert float(company(big, 0.5, mix)) == pytest.approx(big - 0.75 * mix.overlap(), abs=3.0 / big)
+
+
+def test_loaded_latency_takes_one_lifetime_mix_per_element():
+    mix = Lifetimes.of([20, 100, 400])
+    got = loaded_latency([3.0, 3.0], [0.4, 0.4], [1.5, 1.5], 0.25, [EQUAL, mix])
+    assert got[0] == pytest.approx(float(loaded_latency(3.0, 0.4, 1.5, 0.25)))
+    assert got[1] == pytest.approx(3.0 + 0.4 * float(company(1.5 * got[1], 0.25, mix)), rel=1e-9)
+    assert got[0] < got[1] < 3.0 / (1 - 1.5 * 0.4)  # between equal lifetimes and Poisson
+    with pytest.raises(SpecServeError, match="one Lifetimes per element"):
+        loaded_latency([3.0, 3.0], 0.4, 1.0, 0.25, [mix])
+    for bad in ([], [1.0, 0.0], [1.0, float("nan")]):
+        with pytest.raises(SpecServeError, match="lifetimes"):
+            Lifetimes.of(bad)

@@ -165,6 +165,7 @@ def test_lifetime_company_counts_overlaps_including_warmup_requests():
         {"sent_s": 10.0, "end_s": 12.0, "measured": True},
         {"sent_s": 3.0, "end_s": 9.0, "error": "timeout"},  # failed requests are no company
     ]
-    assert lifetime_company(rows) == pytest.approx(((2 + 3) / 4 + (1 + 3) / 4 + 0) / 3)
+    # pooled over the measured lifetimes (4 + 4 + 2 s), as the latency model weighs company
+    assert lifetime_company(rows) == pytest.approx((2 + 3 + 1 + 3 + 0) / (4 + 4 + 2))
     assert lifetime_company([{"sent_s": 0.0, "end_s": 1.0, "measured": False}]) is None
     assert lifetime_company([{"measured": True}]) is None
