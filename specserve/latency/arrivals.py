@@ -117,11 +117,6 @@ class Lifetimes:
     def equal(self) -> bool:
         return len(self.values) == 1
 
-    def overlap(self) -> float:
-        """Σ w_i·w_j·min(r_i, r_j): the share of the regular-arrival discount a mix keeps at high load."""
-        r, w = np.array(self.values), np.array(self.weights)
-        return float(w @ np.minimum(r[:, None], r[None, :]) @ w)
-
 
 EQUAL = Lifetimes()
 
@@ -131,32 +126,30 @@ def company(load, cv: float = 1.0, lifetimes: Lifetimes = EQUAL) -> np.ndarray:
     (lifetime-weighted over `lifetimes`)."""
     if cv == 1.0:
         return np.asarray(load, dtype=float)
-    if lifetimes.equal:
-        table = _tables(check_cv(cv))[1]
-        share = 1.0
-    else:
-        table = _mixed_table(check_cv(cv), lifetimes)
-        share = lifetimes.overlap()
-    # ∫M = x²/2 + (c² − 1)·x/2 + K + o(1), so company = x + (c² − 1)·share + 2K/x past the grid; K from
-    # its end (share = 1 for equal lifetimes; module docstring).
-    shift = (cv ** 2 - 1.0) * share
-    k2 = (table[-1] - _GRID_END - shift) * _GRID_END
+    table, shift, k2 = _curve(check_cv(cv), lifetimes)
     return _lookup(table, load, lambda x: x + shift + k2 / x)
 
 
 @functools.lru_cache(maxsize=256)
-def _mixed_table(cv: float, lifetimes: Lifetimes) -> np.ndarray:
-    """company on _GRID for mixed lifetimes (module docstring), from D(x) = x·company(x)/2."""
-    r, w = np.array(lifetimes.values), np.array(lifetimes.weights)
-    x = _GRID[:, None]
+def _curve(cv: float, lifetimes: Lifetimes) -> tuple[np.ndarray, float, float]:
+    """company on _GRID and its continuation past it, x + shift + k2/x: ∫M = x²/2 + (c² − 1)·x/2 + K + o(1)
+    gives shift = (c² − 1)·Σ w_i·w_j·min(r_i, r_j) (module docstring; c² − 1 for equal lifetimes), and k2
+    matches the table's end."""
+    if lifetimes.equal:
+        table, shift = _tables(cv)[1], cv ** 2 - 1.0
+    else:
+        r, w = np.array(lifetimes.values), np.array(lifetimes.weights)
+        x = _GRID[:, None]
 
-    def integral(y: np.ndarray) -> np.ndarray:  # D(y) = ∫_0^y M
-        return 0.5 * y * company(y, cv)
+        def integral(y: np.ndarray) -> np.ndarray:  # D(y) = ∫_0^y M
+            return 0.5 * y * company(y, cv)
 
-    gaps = np.clip(r[:, None] - r[None, :], 0.0, None).ravel()           # (r_i − r_j)⁺, [n·n]
-    pair_w = (w[:, None] * w[None, :]).ravel()
-    total = 2.0 * integral(x * r[None, :]) @ w - 2.0 * integral(x * gaps[None, :]) @ pair_w
-    return np.divide(total, _GRID, out=np.zeros_like(_GRID), where=_GRID > 0)
+        gaps = np.clip(r[:, None] - r[None, :], 0.0, None).ravel()       # (r_i − r_j)⁺, [n·n]
+        pair_w = (w[:, None] * w[None, :]).ravel()
+        total = 2.0 * integral(x * r[None, :]) @ w - 2.0 * integral(x * gaps[None, :]) @ pair_w
+        table = np.divide(total, _GRID, out=np.zeros_like(_GRID), where=_GRID > 0)
+        shift = (cv ** 2 - 1.0) * float(w @ np.minimum(r[:, None], r[None, :]) @ w)
+    return table, shift, (table[-1] - _GRID_END - shift) * _GRID_END
 
 
 def seen_on_arrival(load, cv: float = 1.0) -> np.ndarray:
@@ -195,22 +188,33 @@ def loaded_latency(c1, c2, rate, cv=1.0, lifetimes: Lifetimes | Sequence[Lifetim
     ok = load < 1.0
     poisson = ok & (cv == 1.0)
     out[poisson] = c1[poisson] / (1.0 - load[poisson])
-    keys = [(float(c), m) for c, m in zip(cv, mix)]
-    for key in {k for k, good in zip(keys, ok & ~poisson) if good}:
-        sel = ok & ~poisson & np.array([k == key for k in keys])
-        out[sel] = _fixed_point(c1[sel], c2[sel], lam[sel], *key)
+    rest = np.flatnonzero(ok & ~poisson)
+    if rest.size:
+        curves = [_curve(check_cv(cv[i]), mix[i]) for i in rest]
+        bound = np.array([cv[i] ** 2 if mix[i].equal else 2.0 * cv[i] ** 2 + 2.0 for i in rest])
+        out[rest] = _fixed_point(c1[rest], c2[rest], lam[rest], bound, curves)
     return out.reshape(shape)
 
 
-def _fixed_point(c1: np.ndarray, c2: np.ndarray, lam: np.ndarray, cv: float, lifetimes: Lifetimes) -> np.ndarray:
-    bound = cv ** 2 if lifetimes.equal else 2.0 * cv ** 2 + 2.0
+def _fixed_point(c1: np.ndarray, c2: np.ndarray, lam: np.ndarray, bound: np.ndarray, curves: list) -> np.ndarray:
+    """Every element at once, each with its own company curve (`_curve`), looked up on the shared grid."""
+    tables = np.stack([t for t, _, _ in curves])                    # [n, grid]
+    shift, k2 = (np.array([c[j] for c in curves]) for j in (1, 2))  # [n]
+    step = _GRID[1]
+
+    def excess(latency: np.ndarray) -> np.ndarray:  # latency [n, m]; > 0 below the root
+        x = lam[:, None] * latency
+        pos = np.minimum(x, _GRID_END) / step
+        i = np.minimum(pos.astype(int), len(_GRID) - 2)
+        frac = pos - i
+        rows = np.arange(len(c1))[:, None]
+        inside = tables[rows, i] * (1.0 - frac) + tables[rows, i + 1] * frac
+        beyond = x + shift[:, None] + k2[:, None] / np.maximum(x, _GRID_END)
+        return c1[:, None] + c2[:, None] * np.where(x <= _GRID_END, inside, beyond) - latency
+
     lo, hi = c1, (c1 + c2 * bound) / (1.0 - lam * c2)
-
-    def excess(latency: np.ndarray, c1=c1, c2=c2, lam=lam) -> np.ndarray:  # > 0 below the root
-        return c1 + c2 * company(lam * latency, cv, lifetimes) - latency
-
     steps = lo[:, None] + (hi - lo)[:, None] * np.linspace(0.0, 1.0, 65)[None, :]
-    below = excess(steps, c1[:, None], c2[:, None], lam[:, None]) > 0.0
+    below = excess(steps) > 0.0
     first = np.argmin(below, axis=1)  # first grid point at or past a root (hi always is)
     first = np.where(below.all(axis=1), 64, np.maximum(first, 1))
     rows = np.arange(len(c1))
@@ -218,7 +222,7 @@ def _fixed_point(c1: np.ndarray, c2: np.ndarray, lam: np.ndarray, cv: float, lif
     done = ~below[rows, 0]  # L = C1 already balances: nobody to share with
     for _ in range(60):
         mid = 0.5 * (a + b)
-        up = excess(mid) > 0.0
+        up = excess(mid[:, None])[:, 0] > 0.0
         a, b = np.where(up, mid, a), np.where(up, b, mid)
     return np.where(done, c1, 0.5 * (a + b))
 

@@ -115,8 +115,10 @@ def test_mixed_lifetimes_reduce_to_the_plain_formulas():
     assert Lifetimes.of([128, 128, 129]) is EQUAL                     # within 2 %: one length
     assert np.allclose(company(x, 0.5, Lifetimes.of([100, 200], [0.5, 0.5])),
                        company(x, 0.5, Lifetimes.of([100, 200, 200, 100])))  # classes or requests alike
+    r, w = np.array(mix.values), np.array(mix.weights)
+    share = sum(w[i] * w[j] * min(r[i], r[j]) for i in range(len(r)) for j in range(len(r)))
     for big in (50.0, 90.0, 500.0):  # x − (1 − c²)·Σ w_i w_j min(r_i, r_j) at high load, in and past the table
-        assert float(company(big, 0.5, mix)) == pytest.approx(big - 0.75 * mix.overlap(), abs=3.0 / big)
+        assert float(company(big, 0.5, mix)) == pytest.approx(big - 0.75 * share, abs=3.0 / big)
 
 
 def test_loaded_latency_takes_one_lifetime_mix_per_element():
