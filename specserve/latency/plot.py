@@ -21,11 +21,16 @@ def _is_excluded(report: FitReport, run: BenchRun) -> bool:
                and math.isclose(x["e2e_mean_s"], run.e2e.mean, rel_tol=1e-9) for x in report.excluded)
 
 
-def _point_demands(report: FitReport, conf, run: BenchRun) -> Demands:
-    """The configuration's own (C1, C2) (else the pooled model's); for MoE at the coverage of the run's
-    measured load, which is what puts each point on 1/(1 − x)."""
-    model = conf.fit or report.model.e2e
-    split = model.split(conf.k, conf.acceptance_length, conf.output_tokens)
+def _point_demands(report: FitReport, conf, run: BenchRun, own: Sequence[BenchRun]) -> Demands:
+    """The configuration's own (C1, C2) when its runs share one output length, else the pooled model's at
+    the run's own E and length (a per-configuration pair cannot follow lengths that vary from run to run);
+    for MoE at the coverage of the run's measured load, which is what puts each point on 1/(1 − x)."""
+    lengths = [r.output_tokens for r in own]
+    if conf.fit is not None and max(lengths) <= 1.02 * min(lengths):
+        model, split = conf.fit, conf.fit.split(conf.k, conf.acceptance_length, conf.output_tokens)
+    else:
+        model = report.model.e2e
+        split = model.split(run.k, run.acceptance_length, run.output_tokens)
     if model.moe is None:
         return split.full
     return split.at(model.moe.coverage(routed_tokens(run.in_flight, conf.k + 1)))
@@ -39,7 +44,7 @@ def _collapse(ax, report: FitReport, runs: Sequence[BenchRun]) -> None:
     for conf in report.model.configurations:
         own = [r for r in runs if r.label == conf.label and not _is_excluded(report, r)]
         points = [(r.achieved_rate * d.c2, r.e2e.mean / d.c1)
-                  for r, d in ((r, _point_demands(report, conf, r)) for r in own)]
+                  for r, d in ((r, _point_demands(report, conf, r, own)) for r in own)]
         ax.plot([p[0] for p in points], [p[1] for p in points], "o", ms=4, label=conf.label)
     ax.set(xlabel="x = rate x C2", ylabel="y = L / C1", title="Every configuration on one curve")
     ax.legend(fontsize=7)
@@ -53,12 +58,13 @@ def _company_collapse(ax, report: FitReport, runs: Sequence[BenchRun]) -> None:
     for conf in report.model.configurations:
         own = [r for r in runs if r.label == conf.label and not _is_excluded(report, r)]
         points = [(r.in_flight, (r.e2e.mean - d.c1) / d.c2)
-                  for r, d in ((r, _point_demands(report, conf, r)) for r in own) if d.c2 > 0]
+                  for r, d in ((r, _point_demands(report, conf, r, own)) for r in own) if d.c2 > 0]
         if points:
             ax.plot(*zip(*points), "o", ms=4, label=conf.label)
             top = max(top, *(p[0] for p in points))
     x = np.linspace(0, 1.1 * top, 200)
-    ax.plot(x, company(x, cv), "k-", lw=1.5, label=f"y = company(x), arrival CV {cv:g}")
+    mixed = "" if report.model.lifetimes.equal else ", the fitted length mix"
+    ax.plot(x, company(x, cv, report.model.lifetimes), "k-", lw=1.5, label=f"y = company(x), arrival CV {cv:g}{mixed}")
     ax.plot(x, x, "k:", lw=1, label="y = x (Poisson, SPEC §2)")
     ax.set(xlabel="x = rate x L (requests in flight)", ylabel="y = (L - C1) / C2 (company met)",
            title="Every configuration on one curve")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from specserve.latency.arrivals import company
 from specserve.latency.fit import FitReport
 from specserve.latency.planning import best_k_bands, break_even_for, candidate_ks
 from specserve.latency.tails import EXPONENTIAL_FACTOR
@@ -104,10 +105,13 @@ def explain(report: FitReport, ks: Sequence[int] = (0, 1, 2, 3, 4, 5, 6, 7, 8),
             f"C1/(1 - rate x C2) and saturates at {sat:.3g} req/s."]
     if m.arrival_cv != 1.0:
         kind = "more regular" if m.arrival_cv < 1.0 else "burstier"
+        offset = float(company(1e3, m.arrival_cv, m.lifetimes)) - 1e3  # the high-load shift of company
+        mix = ("" if m.lifetimes.equal else " (less than the 1 - CV² of equal lengths: in a mix of lengths a short "
+               "request arriving right behind a long one meets it however regular the gaps)")
         out.append(f"Arrivals: the runs' gaps have CV {m.arrival_cv:g}, {kind} than Poisson's 1, so a request in "
                    f"flight with B = rate x L others on average meets {'fewer' if m.arrival_cv < 1.0 else 'more'} "
-                   f"of them: about B {'-' if m.arrival_cv < 1.0 else '+'} {abs(m.arrival_cv ** 2 - 1):.2g} "
-                   f"at high load{', none while B < 1' if m.arrival_cv < 0.5 else ''}. Latency solves "
+                   f"of them: about B {'-' if offset < 0 else '+'} {abs(offset):.2g} at high load{mix}"
+                   f"{', none while B < 1' if m.arrival_cv < 0.5 and m.lifetimes.equal else ''}. Latency solves "
                    "L = C1 + C2 x company(rate x L) instead (predict --arrival-cv 1 for Poisson traffic).")
     if m.e2e.moe is not None:
         moe = m.e2e.moe
