@@ -18,7 +18,8 @@ import torch
 from specserve.engine.model_runner import ForwardItem, ModelRunner
 from specserve.model.loader import load_model
 
-SHAPES = [(1, 1), (1, 2), (1, 3), (1, 4), (1, 5), (1, 10), (1, 20), (2, 1), (4, 1), (8, 1), (2, 5), (4, 5)]  # (sequences, rows each)
+SHAPES = [(1, 1), (1, 2), (1, 3), (1, 4), (1, 5), (1, 10), (1, 20), (2, 1), (4, 1), (6, 1), (8, 1), (12, 1), (16, 1),
+          (2, 5), (4, 5)]  # (sequences, rows each)
 
 
 def main() -> None:
