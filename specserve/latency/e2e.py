@@ -63,11 +63,10 @@ def fit_demands(rate: np.ndarray, latency: np.ndarray, X: np.ndarray,
                 lifetimes: Sequence[Lifetimes] | None = None):
     """θ = (θ1, θ2) ≥ 0 minimising Σ((L̂ − L)/L)² with L̂ = X·θ1 + X·θ2·company(λ·L̂) (X·θ1/(1 − λ·X·θ2)
     for Poisson arrivals, `cv` = 1; each run's `lifetimes`, equal if not given; arrivals.py), plus, for
-    each prior (j, v), the
-    pseudo-observation θ_j = v. A prior is weighed against the runs' own scatter s (the RMS relative
-    residual of the fit without priors): its residual is (θ_j − v)/v · s/PRIOR_SPREAD, so precise data that
-    identify θ_j override it and it decides only directions the data leave flat. Returns (θ, kept
-    columns, CIs)."""
+    each prior (j, v), the pseudo-observation θ_j = v. A prior is weighed against the runs' own scatter s
+    (the RMS relative residual of the fit without priors): its residual is (θ_j − v)/v · s/PRIOR_SPREAD, so
+    precise data that identify θ_j override it and it decides only directions the data leave flat.
+    Returns (θ, kept columns, CIs)."""
     cv = np.broadcast_to(np.asarray(cv, dtype=float), rate.shape)
     mix = [EQUAL] * len(rate) if lifetimes is None else list(lifetimes)
     theta, keep, cis, relative = _fit_demands(rate, latency, X, (), cv, mix)
