@@ -126,8 +126,18 @@ def company(load, cv: float = 1.0, lifetimes: Lifetimes = EQUAL) -> np.ndarray:
     (lifetime-weighted over `lifetimes`)."""
     if cv == 1.0:
         return np.asarray(load, dtype=float)
-    table, shift, k2 = _curve(check_cv(cv), lifetimes)
-    return _lookup(table, load, lambda x: x + shift + k2 / x)
+    return _on_curve(np.asarray(load, dtype=float), *_curve(check_cv(cv), lifetimes))
+
+
+def _on_curve(x: np.ndarray, table: np.ndarray, shift, k2) -> np.ndarray:
+    """company from a `_curve`: linear interpolation on _GRID, x + shift + k2/x past it. One curve
+    (table [grid]) for any x, or one per row (table [n, grid], shift and k2 [n, 1], x [n, m])."""
+    pos = np.clip(x, 0.0, _GRID_END) / _GRID[1]
+    i = np.minimum(pos.astype(int), len(_GRID) - 2)
+    frac = pos - i
+    lo, hi = (table[i], table[i + 1]) if table.ndim == 1 else (np.take_along_axis(table, i, -1),
+                                                                 np.take_along_axis(table, i + 1, -1))
+    return np.where(x <= _GRID_END, lo + (hi - lo) * frac, x + shift + k2 / np.maximum(x, _GRID_END))
 
 
 @functools.lru_cache(maxsize=256)
@@ -198,19 +208,11 @@ def loaded_latency(c1, c2, rate, cv=1.0, lifetimes: Lifetimes | Sequence[Lifetim
 
 def _fixed_point(c1: np.ndarray, c2: np.ndarray, lam: np.ndarray, bound: np.ndarray, curves: list) -> np.ndarray:
     """Every element at once, each with its own company curve (`_curve`), looked up on the shared grid."""
-    tables = np.stack([t for t, _, _ in curves])                    # [n, grid]
-    shift, k2 = (np.array([c[j] for c in curves]) for j in (1, 2))  # [n]
-    step = _GRID[1]
+    tables = np.stack([t for t, _, _ in curves])                            # [n, grid]
+    shift, k2 = (np.array([c[j] for c in curves])[:, None] for j in (1, 2))  # [n, 1]
 
     def excess(latency: np.ndarray) -> np.ndarray:  # latency [n, m]; > 0 below the root
-        x = lam[:, None] * latency
-        pos = np.minimum(x, _GRID_END) / step
-        i = np.minimum(pos.astype(int), len(_GRID) - 2)
-        frac = pos - i
-        rows = np.arange(len(c1))[:, None]
-        inside = tables[rows, i] * (1.0 - frac) + tables[rows, i + 1] * frac
-        beyond = x + shift[:, None] + k2[:, None] / np.maximum(x, _GRID_END)
-        return c1[:, None] + c2[:, None] * np.where(x <= _GRID_END, inside, beyond) - latency
+        return c1[:, None] + c2[:, None] * _on_curve(lam[:, None] * latency, tables, shift, k2) - latency
 
     lo, hi = c1, (c1 + c2 * bound) / (1.0 - lam * c2)
     steps = lo[:, None] + (hi - lo)[:, None] * np.linspace(0.0, 1.0, 65)[None, :]

@@ -15,6 +15,11 @@ from specserve.latency.phases import PhaseModel
 from specserve.latency.tails import METRICS, QUANTILES, TailModel
 
 
+def class_lifetimes(classes: tuple[LengthClass, ...]) -> Lifetimes:
+    """Relative lifetimes of a mix of length classes (each lasting as long as its output)."""
+    return Lifetimes.of([c.output_tokens for c in classes], [c.weight for c in classes])
+
+
 @dataclass(frozen=True, slots=True)
 class Configuration:
     """One measured server configuration (a bench label) and its own two-coefficient fit."""
@@ -78,9 +83,7 @@ class LatencyModel:
     @property
     def lifetimes(self) -> Lifetimes:
         """The relative lifetimes predictions assume unless told: the fitted traffic's length classes."""
-        if len(self.length_classes) < 2:
-            return EQUAL
-        return Lifetimes.of([c.output_tokens for c in self.length_classes], [c.weight for c in self.length_classes])
+        return class_lifetimes(self.length_classes) if len(self.length_classes) > 1 else EQUAL
 
     def _mix(self, lifetimes: Lifetimes | None) -> Lifetimes:
         return self.lifetimes if lifetimes is None else lifetimes
@@ -170,7 +173,7 @@ class LatencyModel:
         total = sum(c.weight for c in classes)
         g = sum(c.weight * c.output_tokens for c in classes) / total
         p = sum(c.weight * c.prompt_tokens for c in classes) / total
-        lifetimes = Lifetimes.of([c.output_tokens for c in classes], [c.weight for c in classes])
+        lifetimes = class_lifetimes(classes)
         mix = self.predict(rate, k, expected, g, p, cv, lifetimes)
         # every class is charged the mixture's (lifetime-weighted) company
         others = float(company(mix.in_flight, self._cv(cv), lifetimes)) if math.isfinite(mix.in_flight) else math.inf
