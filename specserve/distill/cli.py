@@ -37,7 +37,12 @@ def register(subparsers) -> None:
     p.add_argument("--echo", type=int, default=2, help="optimizer steps per teacher shard")
     p.add_argument("--topk", type=int, default=32, help="target logits cached per position")
     p.add_argument("--chat-prompts", type=int, help="ShareGPT prompts to generate target replies for (default all)")
-    p.add_argument("--reply-tokens", type=int, default=192, help="longest target reply generated per chat prompt")
+    p.add_argument("--reply-tokens", type=int, default=192,
+                   help="longest target reply generated per chat prompt; with --continuations, the reply part "
+                        "of each window")
+    p.add_argument("--continuations", type=_positive_int,
+                   help="code or FILES: train on N windows of a text prefix followed by the target's own greedy "
+                        "continuation (--reply-tokens of the --window) instead of windows of the text alone")
     p.add_argument("--ttt-steps", type=_positive_int, default=2,
                    help="eagle: draft steps unrolled in training, each reading the previous step's own "
                         "prediction (EAGLE-3's training-time test)")
@@ -103,7 +108,8 @@ def _run(args: argparse.Namespace) -> int:
                         layers=args.layers, train_windows=args.train_windows,
                         hidden=args.hidden, embedding_rank=args.embedding_rank or None,
                         draft_vocab=args.draft_vocab or None, window=args.window, topk=args.topk,
-                        chat_prompts=args.chat_prompts, max_reply_tokens=args.reply_tokens, train=tcfg,
+                        chat_prompts=args.chat_prompts, continuations=args.continuations,
+                        max_reply_tokens=args.reply_tokens, train=tcfg,
                         ttt_steps=args.ttt_steps, kl_weight=args.kl_weight, resume=args.resume,
                         prepare_only=args.prepare_only, command=_command(args))
     with ProgressBar() as bar:

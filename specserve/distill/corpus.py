@@ -68,12 +68,30 @@ def spec_bench_questions() -> list[dict]:
     return [{"category": r["category"], "text": r["turns"][0]} for r in rows]
 
 
-def token_stream(tokenizer, texts: list[str], eos_id: int) -> np.ndarray:
-    """All texts tokenized and concatenated, each followed by EOS (documents stay separable)."""
-    parts = []
-    for enc in tokenizer.hf.encode_batch(texts, add_special_tokens=False):
-        parts.append(np.asarray(enc.ids + [eos_id], dtype=np.int32))
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
+def tokenize(tokenizer, texts: list[str]) -> list[np.ndarray]:
+    return [np.asarray(enc.ids, dtype=np.int32) for enc in tokenizer.hf.encode_batch(texts, add_special_tokens=False)]
+
+
+def token_stream(documents: list[np.ndarray], eos_id: int) -> np.ndarray:
+    """Tokenized documents concatenated, each followed by EOS (documents stay separable)."""
+    parts = [np.append(d, np.int32(eos_id)) for d in documents]
+    return np.concatenate(parts).astype(np.int32) if parts else np.zeros(0, dtype=np.int32)
+
+
+def prefixes(documents: list[np.ndarray], n: int, length: int, rng: np.random.Generator) -> list[list[int]]:
+    """n prefixes of `length` tokens, each starting at a random position of a document long enough, the
+    documents taken in a random order (each gives one before any gives a second), like the acceptance
+    benchmark's prompts."""
+    long_enough = [d for d in documents if len(d) >= length]
+    if not long_enough:
+        raise SpecServeError(f"no document of the corpus has the {length} tokens a prefix needs")
+    out = []
+    while len(out) < n:
+        for i in rng.permutation(len(long_enough))[:n - len(out)]:
+            d = long_enough[i]
+            start = int(rng.integers(0, len(d) - length + 1))
+            out.append(d[start:start + length].tolist())
+    return out
 
 
 def sample_windows(sequences: list[np.ndarray], window: int, pad_id: int) -> np.ndarray:

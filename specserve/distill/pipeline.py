@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from specserve.distill import corpus
+from specserve.distill.replies import chat_samples, continuation_samples
 from specserve.distill.teacher import PAD, TeacherCache, teach, teach_features
 from specserve.distill.train import DistillObjective, TrainConfig, train
 from specserve.errors import SpecServeError
@@ -35,7 +36,8 @@ class DistillConfig:
     eval_windows: int = 24
     train_windows: int | None = None   # use only the first N (shuffled) training windows (None: all)
     chat_prompts: int | None = None    # how many ShareGPT prompts get a target reply (None: all)
-    max_reply_tokens: int = 192
+    continuations: int | None = None   # code/files: windows of a text prefix + the target's continuation
+    max_reply_tokens: int = 192        # chat: longest reply; continuations: the reply part of each window
     ttt_steps: int = 2                 # eagle: draft steps unrolled in training (EAGLE-3's training-time test)
     kl_weight: float = 0.1             # eagle: weight of KL(p || q) next to the feature regression's 1.0
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -68,11 +70,15 @@ def build_data(cfg: DistillConfig, target, log) -> tuple[np.ndarray, np.ndarray,
     rng = np.random.default_rng(cfg.train.seed)
     kind = cfg.corpus[0] if cfg.corpus[0] in ("code", "chat") else "files"
     if kind == "chat":
+        if cfg.continuations:
+            raise SpecServeError("--continuations applies to code and text files; chat samples are the target's "
+                                 "replies already")
         window = cfg.window or 512
         max_prompt = window - cfg.max_reply_tokens
         train_prompts = corpus.sharegpt_prompts("train")[:cfg.chat_prompts]
         eval_prompts = corpus.sharegpt_prompts("eval")[:cfg.eval_windows]
-        samples = corpus_chat(cfg, train_prompts + eval_prompts, max_prompt, log)
+        samples = chat_samples(cfg.target, tok, train_prompts + eval_prompts, cfg.work / "chat_samples.jsonl",
+                               max_prompt, cfg.max_reply_tokens, log=log)
         train_seqs, eval_seqs = samples[:len(train_prompts)], samples[len(train_prompts):]
         train_w = corpus.sample_windows(train_seqs, window, PAD)
         eval_w = corpus.sample_windows(eval_seqs, window, PAD)
@@ -97,11 +103,24 @@ def build_data(cfg: DistillConfig, target, log) -> tuple[np.ndarray, np.ndarray,
                 train_texts = [t for t, h in zip(texts, held) if not h]
                 eval_texts = [t for t, h in zip(texts, held) if h]
         t0 = time.perf_counter()
-        stream = corpus.token_stream(tok, train_texts, eos)
+        train_docs, eval_docs = corpus.tokenize(tok, train_texts), corpus.tokenize(tok, eval_texts)
+        stream = corpus.token_stream(train_docs, eos)
         train_w = corpus.stream_windows(stream, window)
-        eval_w = corpus.stream_windows(corpus.token_stream(tok, eval_texts, eos), window)
+        eval_w = corpus.stream_windows(corpus.token_stream(eval_docs, eos), window)
         log(f"tokenized {len(train_texts)} training texts: {len(stream):,} tokens, {len(train_w):,} windows "
             f"of {window} ({time.perf_counter() - t0:.0f}s)")
+        if cfg.continuations:
+            # The draft drafts inside the target's replies: train on those (EAGLE's target-generated data).
+            prefix = window - cfg.max_reply_tokens
+            if prefix < 1:
+                raise SpecServeError(f"--reply-tokens {cfg.max_reply_tokens} leaves no prefix in a {window}-token "
+                                     f"window")
+            prompts = (corpus.prefixes(train_docs, cfg.continuations, prefix, rng)
+                       + corpus.prefixes(eval_docs, cfg.eval_windows, prefix, rng))
+            samples = continuation_samples(cfg.target, prompts, cfg.work / "continuations.jsonl",
+                                           cfg.max_reply_tokens, log=log)
+            train_w, eval_w = np.stack(samples[:cfg.continuations]), np.stack(samples[cfg.continuations:])
+            stream = np.concatenate([stream, train_w.ravel()])  # the draft vocabulary covers the replies too
     if len(train_w) == 0 or len(eval_w) == 0:
         raise SpecServeError(f"corpus too small for a {window}-token training window and a held-out window")
     train_w = train_w[rng.permutation(len(train_w))][:cfg.train_windows]
@@ -118,12 +137,6 @@ def _eval_shard(path: Path, eval_w: np.ndarray, make) -> dict:
     shard = make(eval_w)
     save_file(shard, str(path))
     return shard
-
-
-def corpus_chat(cfg: DistillConfig, prompts: list[str], max_prompt: int, log) -> list[np.ndarray]:
-    from specserve.distill.chatgen import chat_samples
-    return chat_samples(cfg.target, prompts, cfg.work / "chat_samples.jsonl", max_prompt,
-                        cfg.max_reply_tokens, log=log)
 
 
 def run(cfg: DistillConfig, log=print, progress_cb=None) -> dict:

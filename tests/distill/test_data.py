@@ -1,4 +1,6 @@
 """The data pipeline: held-out split, windows, draft vocabulary and coverage, teacher top-k cache format."""
+from pathlib import Path
+
 import numpy as np
 import torch
 
@@ -158,3 +160,36 @@ def test_eagle_loss_is_smooth_l1_plus_weighted_kl_over_the_non_padding_rows(tiny
             assert abs(parts[f"reg{s}"] - float(reg)) < 0.02 * float(reg), s
             want += reg + 0.3 * kl
     assert abs(float(loss.detach()) - float(want)) < 0.02 * float(want)
+
+
+def _contains(haystack: np.ndarray, needle: np.ndarray) -> bool:
+    windows = np.lib.stride_tricks.sliding_window_view(haystack, len(needle))
+    return bool((windows == needle).all(1).any())
+
+
+def test_continuation_windows_are_a_corpus_prefix_and_the_targets_own_greedy_reply(tiny_target, tiny_corpus,
+                                                                                  tmp_path):
+    from specserve import LLM, SamplingParams
+    from specserve.distill.pipeline import build_data
+    from tests.distill.conftest import tiny_config
+    target = load_model(str(tiny_target), "float32")
+    cfg = tiny_config(tiny_target, tiny_corpus, tmp_path, steps=0, continuations=6, max_reply_tokens=24, window=72)
+    train_w, eval_w, stream = build_data(cfg, target, log=lambda m: None)
+    assert train_w.shape == (6, 72) and eval_w.shape == (8, 72) and (train_w >= 0).all()
+    # The same split as windows of the text alone: training prefixes from training text, held-out from held-out.
+    plain = tiny_config(tiny_target, tiny_corpus, tmp_path, steps=0, window=48)
+    _, _, plain_stream = build_data(plain, target, log=lambda m: None)
+    whole = corpus.token_stream(corpus.tokenize(target.tokenizer, [Path(p).read_text() for p in tiny_corpus]), 0)
+    assert all(_contains(plain_stream, w[:48]) for w in train_w)
+    assert all(_contains(whole, w[:48]) and not _contains(plain_stream, w[:48]) for w in eval_w)
+    # The reply is what the engine serving the target in bf16 generates from the prefix, greedy, through EOS.
+    llm = LLM(model=str(tiny_target), dtype="bfloat16")
+    outs = llm.generate([w[:48].tolist() for w in train_w[:3]],
+                        SamplingParams(max_tokens=24, temperature=0, ignore_eos=True))
+    assert [list(o.token_ids) for o in outs] == train_w[:3, 48:].tolist()
+    assert np.isin(train_w[:, 48:], stream).all()  # the draft vocabulary is counted over the replies too
+    # Generated once: a second build reads them from the work directory.
+    cached = (tmp_path / "work-draft" / "continuations.jsonl").read_text()
+    again, _, _ = build_data(cfg, target, log=lambda m: None)
+    assert np.array_equal(np.sort(again, 0), np.sort(train_w, 0))
+    assert (tmp_path / "work-draft" / "continuations.jsonl").read_text() == cached

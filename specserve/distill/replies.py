@@ -1,0 +1,67 @@
+"""Training samples in the target's own words: a prompt followed by the target's greedy reply, generated with
+our engine in large batches (a draft must learn what the target says, not what people wrote).
+
+- chat: a ShareGPT prompt in the target's chat template + the target's reply, ending with EOS;
+- continuations: a prefix of real text (code) + the target's next tokens, EOS ignored as the acceptance
+  benchmark does, so every sample is exactly prefix + reply long.
+
+Appended to a JSONL file in chunks keyed by the prompt, so an interrupted run keeps what it generated."""
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def target_replies(target_name: str, prompts: list[tuple[str, list[int]]], path: Path, max_reply_tokens: int,
+                   end_with_eos: bool, batch: int, log=print) -> list[np.ndarray]:
+    """Token ids (prompt + reply) of every (key, prompt ids), generating only the keys not in `path` yet.
+    end_with_eos: stop at EOS and append one where the reply was cut; otherwise generate through EOS."""
+    done = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            done[row["prompt"]] = row["ids"]
+    todo = [(key, ids) for key, ids in dict(prompts).items() if key not in done]
+    if todo:
+        from specserve import LLM, SamplingParams
+        llm = LLM(model=target_name, max_num_seqs=batch, dtype="bfloat16")
+        eos = llm.tokenizer.eos_token_ids
+        params = SamplingParams(max_tokens=max_reply_tokens, temperature=0, ignore_eos=not end_with_eos)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        t0, made = time.perf_counter(), 0
+        for start in range(0, len(todo), batch * 2):
+            chunk = todo[start:start + batch * 2]
+            outs = llm.generate([ids for _, ids in chunk], params)
+            with path.open("a") as f:
+                for (key, prompt_ids), out in zip(chunk, outs):
+                    row = list(prompt_ids) + list(out.token_ids)
+                    if end_with_eos and (not row or row[-1] not in eos):
+                        row.append(eos[0])
+                    done[key] = row
+                    made += len(out.token_ids)
+                    f.write(json.dumps({"prompt": key, "ids": row}) + "\n")
+            log(f"generated replies for {min(start + len(chunk), len(todo))}/{len(todo)} prompts "
+                f"({made / (time.perf_counter() - t0):.0f} tok/s)")
+    return [np.asarray(done[key], dtype=np.int32) for key, _ in prompts]
+
+
+def chat_samples(target_name: str, tokenizer, prompts: list[str], path: Path, max_prompt_tokens: int,
+                 max_reply_tokens: int, log=print) -> list[np.ndarray]:
+    """Templated prompt + reply + EOS of every prompt (keyed by its text). Long prompts are cut (by tokens)
+    so that prompt + reply fit a training window."""
+    def templated(p: str) -> list[int]:
+        cut = tokenizer.decode(tokenizer.encode(p, add_special_tokens=False)[:max_prompt_tokens])
+        return tokenizer.encode_chat([{"role": "user", "content": cut}])
+    return target_replies(target_name, [(p, templated(p)) for p in prompts], path, max_reply_tokens,
+                          end_with_eos=True, batch=32, log=log)
+
+
+def continuation_samples(target_name: str, prefixes: list[list[int]], path: Path, reply_tokens: int,
+                         log=print) -> list[np.ndarray]:
+    """Each prefix + exactly `reply_tokens` greedy target tokens (keyed by a hash of the prefix)."""
+    keyed = [(hashlib.sha1(np.asarray(p, dtype=np.int32).tobytes()).hexdigest(), p) for p in prefixes]
+    return target_replies(target_name, keyed, path, reply_tokens, end_with_eos=False, batch=64, log=log)
