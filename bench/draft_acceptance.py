@@ -2,15 +2,17 @@
 greedy, k = 4, on held-out data, and each draft's cost relative to the target.
 
 Workloads: code = 200-token prefixes of held-out CPython stdlib files, 64 new tokens; chat = Spec-Bench
-first-turn questions in the chat template, 64 new tokens, per category. Tokens per step = 1 + accepted /
-drafts, and the acceptance of each draft position (where the drafted tokens are lost). Cost ratio (FLOPs)
-= draft / target forward FLOPs of one decode token at 264 tokens of context.
+first-turn questions in the chat template, 64 new tokens, per category; --sharegpt N adds N held-out
+ShareGPT prompts, the chat draft's own distribution (how much of the chat gap is the benchmark's shift).
+Tokens per step = 1 + accepted / drafts, and the acceptance of each draft position (where the drafted
+tokens are lost). Cost ratio (FLOPs) = draft / target forward FLOPs of one decode token at 264 tokens of
+context.
 --timing adds wall-clock numbers at batch 1 (run it on an idle machine): per-token forward time of draft
 and target, and plain vs speculative decoding tokens/s on the code prompts. --teacher-forced runs each
 EAGLE draft's first step on the target's exact features of the same prompts and replies, without the engine.
 
     python bench/draft_acceptance.py [--drafts code chat] [--code-prompts 40] [--per-category 5] [--timing]
-        [--teacher-forced]
+        [--teacher-forced] [--sharegpt 48]
 """
 from __future__ import annotations
 
@@ -89,6 +91,8 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--code-prompts", type=int, default=40)
     ap.add_argument("--per-category", type=int, default=5, help="Spec-Bench questions per category")
+    ap.add_argument("--sharegpt", type=int, default=0,
+                    help="also N held-out ShareGPT prompts: the chat draft's training distribution, not the benchmark")
     ap.add_argument("--timing", action="store_true", help="also measure wall-clock cost (idle machine)")
     ap.add_argument("--teacher-forced", action="store_true",
                     help="also run each EAGLE draft's step 1 on the target's exact features of the same prompts and "
@@ -102,6 +106,7 @@ def main() -> None:
     code = evaluate.code_prompts(tok, args.code_prompts)
     chat = evaluate.chat_prompts(tok, args.per_category)
     chat_all = [p for cat in chat for p in chat[cat]]
+    sharegpt = evaluate.sharegpt_prompts(tok, args.sharegpt) if args.sharegpt else []
     params = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
     # The target in bf16, as distillation teaches it (its features are what the drafts learned to read).
     teacher = load_model(TARGET, "float32").model.to(torch.bfloat16) if args.teacher_forced else None
@@ -114,14 +119,17 @@ def main() -> None:
         for cat, prompts in chat.items():
             outs[cat] = llm.generate(prompts, params)
             print(f"{name} {cat}: {evaluate.tokens_per_step(outs[cat]):.2f}", file=sys.stderr, flush=True)
+        if sharegpt:
+            outs["sharegpt (held-out)"] = llm.generate(sharegpt, params)
         res = {w: evaluate.tokens_per_step(o) for w, o in outs.items()}
         chat_outs = [o for cat in chat for o in outs[cat]]  # in the order of chat_all
         res["chat (all)"] = evaluate.tokens_per_step(chat_outs)
-        res["_positions"] = {"code": evaluate.position_acceptance(outs["code"], args.k),
-                             "chat (all)": evaluate.position_acceptance(chat_outs, args.k)}
+        # workload -> (prompts, outputs), for the per-position and teacher-forced tables
+        pooled = {"code": (code, outs["code"]), "chat (all)": (chat_all, chat_outs),
+                  **({"sharegpt (held-out)": (sharegpt, outs["sharegpt (held-out)"])} if sharegpt else {})}
+        res["_positions"] = {w: evaluate.position_acceptance(o, args.k) for w, (_, o) in pooled.items()}
         if args.teacher_forced:
-            res["_teacher_forced"] = teacher_forced(teacher, name, {"code": (code, outs["code"]),
-                                                                    "chat (all)": (chat_all, chat_outs)})
+            res["_teacher_forced"] = teacher_forced(teacher, name, pooled)
         proposer = llm.engine.proposer  # routed drafts (e.g. "default"): the first one's size and cost
         if hasattr(proposer, "choose"):  # per draft, in the order listed: requests routed, mean share kept
             for w, prompts in (("code", code), ("chat (all)", chat_all)):
@@ -134,7 +142,7 @@ def main() -> None:
         rows[name] = res
         del llm
     t_flops = evaluate.forward_flops(plain.engine.model_config, 264)
-    workloads = ["code", "chat (all)"] + list(chat)
+    workloads = ["code", "chat (all)"] + list(chat) + (["sharegpt (held-out)"] if sharegpt else [])
     print(f"\nTokens per verify step (greedy, k = {args.k}, 64 new tokens): code = {len(code)} held-out stdlib "
           f"prefixes of 200 tokens; chat = {args.per_category} Spec-Bench questions per category\n")
     print("| workload | " + " | ".join(args.drafts) + " |")

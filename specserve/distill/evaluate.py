@@ -34,6 +34,13 @@ def chat_prompts(tokenizer, per_category: int) -> dict[str, list[list[int]]]:
     return dict(by_cat)
 
 
+def sharegpt_prompts(tokenizer, n: int, max_prompt_tokens: int = 256) -> list[list[int]]:
+    """The first n held-out ShareGPT prompts (never trained on; the chat draft's own distribution), cut to
+    `max_prompt_tokens` as in training, chat-templated."""
+    return [tokenizer.encode_chat([{"role": "user", "content": tokenizer.decode(
+        tokenizer.encode(p, add_special_tokens=False)[:max_prompt_tokens])}]) for p in corpus.sharegpt_prompts("eval")[:n]]
+
+
 def tokens_per_step(outputs) -> float:
     """Mean acceptance length over requests: 1 + accepted / drafts (vLLM's definition)."""
     drafts = sum(o.spec["num_drafts"] for o in outputs)
