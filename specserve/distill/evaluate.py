@@ -7,6 +7,7 @@ from collections import defaultdict
 import numpy as np
 
 from specserve.distill import corpus
+from specserve.distill.replies import chat_prompt
 
 
 def code_prompts(tokenizer, n: int, prefix_tokens: int = 200, new_tokens: int = 64, seed: int = 0) -> list[list[int]]:
@@ -37,8 +38,7 @@ def chat_prompts(tokenizer, per_category: int) -> dict[str, list[list[int]]]:
 def sharegpt_prompts(tokenizer, n: int, max_prompt_tokens: int = 256) -> list[list[int]]:
     """The first n held-out ShareGPT prompts (never trained on; the chat draft's own distribution), cut to
     `max_prompt_tokens` as in training, chat-templated."""
-    return [tokenizer.encode_chat([{"role": "user", "content": tokenizer.decode(
-        tokenizer.encode(p, add_special_tokens=False)[:max_prompt_tokens])}]) for p in corpus.sharegpt_prompts("eval")[:n]]
+    return [chat_prompt(tokenizer, p, max_prompt_tokens) for p in corpus.sharegpt_prompts("eval")[:n]]
 
 
 def tokens_per_step(outputs) -> float:

@@ -49,15 +49,18 @@ def target_replies(target_name: str, prompts: list[tuple[str, list[int]]], path:
     return [np.asarray(done[key], dtype=np.int32) for key, _ in prompts]
 
 
+def chat_prompt(tokenizer, text: str, max_prompt_tokens: int) -> list[int]:
+    """A user message cut to `max_prompt_tokens` tokens (so that prompt + reply fit a training window), in
+    the target's chat template."""
+    cut = tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)[:max_prompt_tokens])
+    return tokenizer.encode_chat([{"role": "user", "content": cut}])
+
+
 def chat_samples(target_name: str, tokenizer, prompts: list[str], path: Path, max_prompt_tokens: int,
                  max_reply_tokens: int, log=print) -> list[np.ndarray]:
-    """Templated prompt + reply + EOS of every prompt (keyed by its text). Long prompts are cut (by tokens)
-    so that prompt + reply fit a training window."""
-    def templated(p: str) -> list[int]:
-        cut = tokenizer.decode(tokenizer.encode(p, add_special_tokens=False)[:max_prompt_tokens])
-        return tokenizer.encode_chat([{"role": "user", "content": cut}])
-    return target_replies(target_name, [(p, templated(p)) for p in prompts], path, max_reply_tokens,
-                          end_with_eos=True, batch=32, log=log)
+    """Templated prompt + reply + EOS of every prompt (keyed by its text)."""
+    keyed = [(p, chat_prompt(tokenizer, p, max_prompt_tokens)) for p in prompts]
+    return target_replies(target_name, keyed, path, max_reply_tokens, end_with_eos=True, batch=32, log=log)
 
 
 def continuation_samples(target_name: str, prefixes: list[list[int]], path: Path, reply_tokens: int,
