@@ -75,7 +75,7 @@ def tokenize(tokenizer, texts: list[str]) -> list[np.ndarray]:
 def token_stream(documents: list[np.ndarray], eos_id: int) -> np.ndarray:
     """Tokenized documents concatenated, each followed by EOS (documents stay separable)."""
     parts = [np.append(d, np.int32(eos_id)) for d in documents]
-    return np.concatenate(parts).astype(np.int32) if parts else np.zeros(0, dtype=np.int32)
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
 
 
 def prefixes(documents: list[np.ndarray], n: int, length: int, rng: np.random.Generator) -> list[list[int]]:
