@@ -64,8 +64,9 @@ def _git_revision() -> str | None:
     return (rev + (" (with uncommitted changes)" if dirty else "")) if rev else None
 
 
-def build_data(cfg: DistillConfig, target, log) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Training windows (shuffled), held-out windows and the token stream used for vocabulary counts."""
+def build_data(cfg: DistillConfig, target, log, features: dict | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Training windows (shuffled), held-out windows and the token stream used for vocabulary counts.
+    features: filled with window bytes -> target features for the continuations generated now."""
     tok, eos = target.tokenizer, target.tokenizer.eos_token_ids[0]
     rng = np.random.default_rng(cfg.train.seed)
     kind = cfg.corpus[0] if cfg.corpus[0] in ("code", "chat") else "files"
@@ -118,7 +119,7 @@ def build_data(cfg: DistillConfig, target, log) -> tuple[np.ndarray, np.ndarray,
             prompts = (corpus.prefixes(train_docs, cfg.continuations, prefix, rng)
                        + corpus.prefixes(eval_docs, cfg.eval_windows, prefix, rng))
             samples = continuation_samples(cfg.target, prompts, cfg.work / "continuations.jsonl",
-                                           cfg.max_reply_tokens, log=log)
+                                           cfg.max_reply_tokens, log=log, features=features)
             train_w, eval_w = np.stack(samples[:cfg.continuations]), np.stack(samples[cfg.continuations:])
             stream = np.concatenate([stream, train_w.ravel()])  # the draft vocabulary covers the replies too
     if len(train_w) == 0 or len(eval_w) == 0:
@@ -152,7 +153,8 @@ def run(cfg: DistillConfig, log=print, progress_cb=None) -> dict:
     if cfg.resume and meta_path.exists() and json.loads(meta_path.read_text())["tokenizer"] != fingerprint:
         raise SpecServeError(f"cannot resume {cfg.work}: it was distilled for a target with a different "
                              f"tokenizer than {cfg.target}")
-    train_w, eval_w, stream = build_data(cfg, target, log)
+    recorded: dict[bytes, torch.Tensor] = {}  # EAGLE features the target computed while generating
+    train_w, eval_w, stream = build_data(cfg, target, log, recorded if cfg.method == "eagle" else None)
     vocab_map = None
     if cfg.draft_vocab and cfg.draft_vocab < target.config.vocab_size:
         must = list(target.tokenizer.eos_token_ids) + [t for t in (target.config.bos_token_id,) if t is not None]
@@ -172,11 +174,20 @@ def run(cfg: DistillConfig, log=print, progress_cb=None) -> dict:
         cache = TeacherCache(cfg.work / "features", lambda rows: teach_features(teacher, rows), train_w,
                              cfg.shard_windows)
 
+        def recorded_shard(windows):
+            if windows.size and all(w.tobytes() in recorded for w in windows):
+                return {"tokens": torch.from_numpy(windows), "features": torch.stack([recorded[w.tobytes()] for w in windows])}
+
+        for i in range(cache.num_shards):  # shards whose every window was recorded skip the teacher
+            if (shard := recorded_shard(cache.rows(i))) is not None:
+                cache.put(i, shard)
+
         def eval_features(windows):
-            shard = teach_features(teacher, windows)
+            shard = recorded_shard(windows) or teach_features(teacher, windows)
             return {**shard, "argmax": target_argmax(teacher, shard)}
 
         eval_shard = _eval_shard(cfg.work / "features" / "eval.safetensors", eval_w, eval_features)
+        recorded.clear()  # on disk now
         objective = EagleObjective(eval_shard, passes=cfg.ttt_steps, cls_weight=cfg.kl_weight)
     else:
         dcfg = draft_config(target.config, cfg.layers, cfg.hidden, len(vocab_map) if vocab_map else None,

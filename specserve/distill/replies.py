@@ -5,7 +5,9 @@ our engine in large batches (a draft must learn what the target says, not what p
 - continuations: a prefix of real text (code) + the target's next tokens, EOS ignored as the acceptance
   benchmark does, so every sample is exactly prefix + reply long.
 
-Appended to a JSONL file in chunks keyed by the prompt, so an interrupted run keeps what it generated."""
+Appended to a JSONL file in chunks keyed by the prompt, so an interrupted run keeps what it generated.
+Continuations can also keep the target's final hidden state of every position (`FeatureRecorder`): an
+EAGLE draft's training features, which would otherwise cost a second pass of the target over the windows."""
 from __future__ import annotations
 
 import hashlib
@@ -14,12 +16,30 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
+
+
+class FeatureRecorder:
+    """An engine's `hidden_observer`: the target's final hidden state of every position each request runs,
+    rows[request_id] [prompt + max_tokens, hidden] (a recomputed position after preemption overwrites)."""
+
+    def __init__(self):
+        self.rows: dict[str, torch.Tensor] = {}
+
+    def __call__(self, seq, start: int, rows: torch.Tensor) -> None:
+        if seq.request_id not in self.rows:
+            self.rows[seq.request_id] = rows.new_zeros(seq.num_prompt_tokens + seq.params.max_tokens, rows.shape[1])
+        self.rows[seq.request_id][start:start + len(rows)] = rows
 
 
 def target_replies(target_name: str, prompts: list[tuple[str, list[int]]], path: Path, max_reply_tokens: int,
-                   end_with_eos: bool, batch: int, log=print) -> list[np.ndarray]:
+                   end_with_eos: bool, batch: int, log=print, features: dict | None = None) -> list[np.ndarray]:
     """Token ids (prompt + reply) of every (key, prompt ids), generating only the keys not in `path` yet.
-    end_with_eos: stop at EOS and append one where the reply was cut; otherwise generate through EOS."""
+    end_with_eos: stop at EOS and append one where the reply was cut; otherwise generate through EOS.
+    features: a dict to fill with key -> [len(ids), hidden], the target's (bf16) final hidden state at
+    every position of each sample generated now (not of those read from `path`); needs end_with_eos=False."""
+    if features is not None and end_with_eos:
+        raise ValueError("features are recorded for fixed-length continuations only")
     done = {}
     if path.exists():
         for line in path.read_text().splitlines():
@@ -30,7 +50,12 @@ def target_replies(target_name: str, prompts: list[tuple[str, list[int]]], path:
         from specserve import LLM, SamplingParams
         llm = LLM(model=target_name, max_num_seqs=batch, dtype="bfloat16")
         eos = llm.tokenizer.eos_token_ids
-        params = SamplingParams(max_tokens=max_reply_tokens, temperature=0, ignore_eos=not end_with_eos)
+        recorder = None
+        if features is not None:
+            recorder = llm.engine.hidden_observer = FeatureRecorder()
+        # The target runs the last kept token (its hidden state is a feature) only to sample one more: drop that.
+        extra = int(recorder is not None)
+        params = SamplingParams(max_tokens=max_reply_tokens + extra, temperature=0, ignore_eos=not end_with_eos)
         path.parent.mkdir(parents=True, exist_ok=True)
         t0, made = time.perf_counter(), 0
         for start in range(0, len(todo), batch * 2):
@@ -38,11 +63,13 @@ def target_replies(target_name: str, prompts: list[tuple[str, list[int]]], path:
             outs = llm.generate([ids for _, ids in chunk], params)
             with path.open("a") as f:
                 for (key, prompt_ids), out in zip(chunk, outs):
-                    row = list(prompt_ids) + list(out.token_ids)
+                    row = list(prompt_ids) + list(out.token_ids[:max_reply_tokens])
+                    if recorder is not None:
+                        features[key] = recorder.rows.pop(out.request_id)[:len(row)]
                     if end_with_eos and (not row or row[-1] not in eos):
                         row.append(eos[0])
                     done[key] = row
-                    made += len(out.token_ids)
+                    made += len(row) - len(prompt_ids)
                     f.write(json.dumps({"prompt": key, "ids": row}) + "\n")
             log(f"generated replies for {min(start + len(chunk), len(todo))}/{len(todo)} prompts "
                 f"({made / (time.perf_counter() - t0):.0f} tok/s)")
@@ -64,7 +91,15 @@ def chat_samples(target_name: str, tokenizer, prompts: list[str], path: Path, ma
 
 
 def continuation_samples(target_name: str, prefixes: list[list[int]], path: Path, reply_tokens: int,
-                         log=print) -> list[np.ndarray]:
-    """Each prefix + exactly `reply_tokens` greedy target tokens (keyed by a hash of the prefix)."""
+                         log=print, features: dict | None = None) -> list[np.ndarray]:
+    """Each prefix + exactly `reply_tokens` greedy target tokens (keyed by a hash of the prefix).
+    features: filled with the sample's bytes (int32) -> its target features, for samples generated now."""
     keyed = [(hashlib.sha1(np.asarray(p, dtype=np.int32).tobytes()).hexdigest(), p) for p in prefixes]
-    return target_replies(target_name, keyed, path, reply_tokens, end_with_eos=False, batch=64, log=log)
+    by_key = {} if features is not None else None
+    samples = target_replies(target_name, keyed, path, reply_tokens, end_with_eos=False, batch=64, log=log,
+                             features=by_key)
+    if features is not None:
+        for (key, _), sample in zip(keyed, samples):
+            if key in by_key:
+                features[sample.tobytes()] = by_key[key]
+    return samples

@@ -74,9 +74,12 @@ class TeacherCache:
     def path(self, i: int) -> Path:
         return self.root / f"shard-{i:05d}.safetensors"
 
+    def rows(self, i: int) -> np.ndarray:
+        return self.windows[i * self.shard_size:(i + 1) * self.shard_size]
+
     def get(self, i: int) -> dict[str, torch.Tensor]:
         i %= self.num_shards
-        rows = self.windows[i * self.shard_size:(i + 1) * self.shard_size]
+        rows = self.rows(i)
         path = self.path(i)
         if path.exists():
             shard = load_file(str(path))
@@ -86,7 +89,11 @@ class TeacherCache:
         shard = self.teach_fn(rows)
         self.seconds_teaching += time.perf_counter() - t0
         self.tokens_taught += int((rows != PAD).sum())
-        tmp = path.with_suffix(".tmp")
-        save_file(shard, str(tmp))
-        tmp.replace(path)  # never leave a half-written shard behind for a resumed run
+        self.put(i, shard)
         return shard
+
+    def put(self, i: int, shard: dict[str, torch.Tensor]) -> None:
+        """Store shard i (teacher outputs obtained elsewhere, e.g. recorded while generating)."""
+        tmp = self.path(i).with_suffix(".tmp")
+        save_file(shard, str(tmp))
+        tmp.replace(self.path(i))  # never leave a half-written shard behind for a resumed run

@@ -56,6 +56,9 @@ class LLMEngine:
         self.runner = ModelRunner(target.model, num_blocks, config.block_size)
         self.proposer = build_proposer(spec, drafts, target, num_blocks, config.block_size) if spec else None
         self.controller = StaticController(k, self.max_model_len) if spec else None
+        # Called as (seq, start, rows [n, hidden]) with the target's final hidden state of every committed
+        # position, as an EAGLE draft gets them: `specserve distill` records target features while it generates.
+        self.hidden_observer = None
         self.scheduler = Scheduler(BlockManager(num_blocks, config.block_size), config.max_num_seqs,
                                    config.max_num_batched_tokens,
                                    self.controller.draft_limit if self.controller else (lambda seq: 0))
@@ -146,18 +149,21 @@ class LLMEngine:
                 seq.num_computed = end
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = time.monotonic()
-        reads_hidden = self.proposer is not None and self.proposer.reads_target_hidden
-        logits, hidden = self.runner.forward(items, all_hidden=reads_hidden)
+        observers = [self.proposer.observe_target] if self.proposer and self.proposer.reads_target_hidden else []
+        if self.hidden_observer is not None:
+            observers.append(self.hidden_observer)
+        logits, hidden = self.runner.forward(items, all_hidden=bool(observers))
         t3 = time.perf_counter()
         stats.t_forward = t3 - t2
 
         committed, rows = self._verify(logits, verify, draft_probs)
-        if reads_hidden:  # hand the target's hidden state of every committed position to an EAGLE draft
+        if observers:  # the target's hidden state of every committed position (an EAGLE draft reads them)
             start = 0
             for j, item in enumerate(items):
                 seq = decodes[j].seq if j < len(decodes) else prefills[j - len(decodes)].seq
                 valid = len(committed[j]) if j < len(decodes) else len(item.token_ids)
-                self.proposer.observe_target(seq, item.ctx_len - len(item.token_ids), hidden[start:start + valid])
+                for observe in observers:
+                    observe(seq, item.ctx_len - len(item.token_ids), hidden[start:start + valid])
                 start += len(item.token_ids)
         t4 = time.perf_counter()
         stats.t_sample = t4 - t3

@@ -193,3 +193,27 @@ def test_continuation_windows_are_a_corpus_prefix_and_the_targets_own_greedy_rep
     again, _, _ = build_data(cfg, target, log=lambda m: None)
     assert np.array_equal(np.sort(again, 0), np.sort(train_w, 0))
     assert (tmp_path / "work-draft" / "continuations.jsonl").read_text() == cached
+
+
+def test_continuation_features_recorded_while_generating_match_a_teacher_pass(tiny_target, tiny_corpus, tmp_path):
+    """An EAGLE run keeps the hidden states the engine computed while generating the continuations: the same
+    features a second pass of the (bf16) target would compute, so the training shards need no teacher."""
+    from specserve.distill.pipeline import build_data, run
+    from specserve.distill.teacher import teach_features
+    from tests.distill.conftest import tiny_config
+    target = load_model(str(tiny_target), "float32")
+    cfg = tiny_config(tiny_target, tiny_corpus, tmp_path, steps=0, continuations=8, max_reply_tokens=24,
+                      window=72, method="eagle")
+    recorded = {}
+    train_w, eval_w, _ = build_data(cfg, target, lambda m: None, recorded)
+    assert set(recorded) == {w.tobytes() for w in np.concatenate([train_w, eval_w])}
+    windows = train_w[:4]
+    taught = teach_features(target.model.to(torch.bfloat16), windows)["features"].float()
+    got = torch.stack([recorded[w.tobytes()] for w in windows]).float()
+    assert got.shape == taught.shape == (4, 72, target.config.hidden_size)
+    assert torch.allclose(got, taught, atol=0.02 * float(taught.abs().max()))  # bf16 kernels round differently
+    assert (got[:, -1].abs().sum(-1) > 0).all()  # the last reply token's position is recorded too
+    # A fresh run writes those as its feature shards and never runs the teacher.
+    info = run(tiny_config(tiny_target, tiny_corpus, tmp_path, steps=1, name="fresh", continuations=8,
+                           max_reply_tokens=24, window=72, method="eagle"), log=lambda m: None)
+    assert info["teacher_tokens_cached"] == 0
