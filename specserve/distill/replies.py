@@ -69,7 +69,7 @@ def target_replies(target_name: str, prompts: list[tuple[str, list[int]]], path:
                     if end_with_eos and (not row or row[-1] not in eos):
                         row.append(eos[0])
                     done[key] = row
-                    made += len(row) - len(prompt_ids)
+                    made += min(len(out.token_ids), max_reply_tokens)
                     f.write(json.dumps({"prompt": key, "ids": row}) + "\n")
             log(f"generated replies for {min(start + len(chunk), len(todo))}/{len(todo)} prompts "
                 f"({made / (time.perf_counter() - t0):.0f} tok/s)")
