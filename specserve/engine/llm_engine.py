@@ -149,7 +149,9 @@ class LLMEngine:
                 seq.num_computed = end
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = time.monotonic()
-        observers = [self.proposer.observe_target] if self.proposer and self.proposer.reads_target_hidden else []
+        observers = []  # who reads the target's hidden state of every committed position
+        if self.proposer is not None and self.proposer.reads_target_hidden:
+            observers.append(self.proposer.observe_target)
         if self.hidden_observer is not None:
             observers.append(self.hidden_observer)
         logits, hidden = self.runner.forward(items, all_hidden=bool(observers))
@@ -157,7 +159,7 @@ class LLMEngine:
         stats.t_forward = t3 - t2
 
         committed, rows = self._verify(logits, verify, draft_probs)
-        if observers:  # the target's hidden state of every committed position (an EAGLE draft reads them)
+        if observers:
             start = 0
             for j, item in enumerate(items):
                 seq = decodes[j].seq if j < len(decodes) else prefills[j - len(decodes)].seq
