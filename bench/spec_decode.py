@@ -47,9 +47,17 @@ def code_prompts(tokenizer, n: int, prefix: int = 200, new: int = 64) -> list[li
 
 def chat_prompts(tokenizer, n: int) -> tuple[list[list[int]], list[str]]:
     from specserve.distill.corpus import spec_bench_questions
-    rows = spec_bench_questions()
-    step = max(1, len(rows) // n)
-    rows = rows[::step][:n]  # spread over every category
+    held_out = spec_bench_questions("eval")  # never trained on by a shipped draft
+    if n > len(held_out):
+        raise SystemExit(f"--chat-prompts: at most {len(held_out)} held-out Spec-Bench questions, got {n}")
+    by_cat: dict[str, list[dict]] = {}
+    for r in held_out:
+        by_cat.setdefault(r["category"], []).append(r)
+    # Round robin over the categories: the first question of each, then the second of each, ...
+    rows = []
+    for i in range(max(len(qs) for qs in by_cat.values())):
+        rows += [qs[i] for qs in by_cat.values() if i < len(qs)]
+    rows = rows[:n]
     return [tokenizer.encode_chat([{"role": "user", "content": r["text"]}]) for r in rows], [r["category"] for r in rows]
 
 

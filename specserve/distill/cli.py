@@ -37,6 +37,9 @@ def register(subparsers) -> None:
     p.add_argument("--echo", type=int, default=2, help="optimizer steps per teacher shard")
     p.add_argument("--topk", type=int, default=32, help="target logits cached per position")
     p.add_argument("--chat-prompts", type=int, help="ShareGPT prompts to generate target replies for (default all)")
+    p.add_argument("--spec-bench", action="store_true",
+                   help="chat: also reply to the 350 Spec-Bench task questions (translation, summarization, qa, "
+                        "math_reasoning, rag) outside the held-out ones the benchmarks use")
     p.add_argument("--reply-tokens", type=int, default=192,
                    help="longest target reply generated per chat prompt; with --continuations, the reply part "
                         "of each window")
@@ -108,7 +111,8 @@ def _run(args: argparse.Namespace) -> int:
                         layers=args.layers, train_windows=args.train_windows,
                         hidden=args.hidden, embedding_rank=args.embedding_rank or None,
                         draft_vocab=args.draft_vocab or None, window=args.window, topk=args.topk,
-                        chat_prompts=args.chat_prompts, continuations=args.continuations,
+                        chat_prompts=args.chat_prompts, spec_bench=args.spec_bench,
+                        continuations=args.continuations,
                         max_reply_tokens=args.reply_tokens, train=tcfg,
                         ttt_steps=args.ttt_steps, kl_weight=args.kl_weight, resume=args.resume,
                         prepare_only=args.prepare_only, command=_command(args))

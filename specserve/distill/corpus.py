@@ -2,9 +2,10 @@
 user files; the held-out split; token windows; and the reduced draft vocabulary (FR-Spec).
 
 Held-out data never reaches training: 1 stdlib file in 20 (by a hash of its path, so the split is stable
-across machines and Python patch releases), and for chat every Spec-Bench / MT-Bench prompt (the
-acceptance benchmark's prompts; Spec-Bench contains MT-Bench) plus 1 ShareGPT prompt in 10 for the
-held-out agreement shown while training.
+across machines and Python patch releases); for chat, 1 ShareGPT prompt in 10 (the held-out agreement shown
+while training) and the Spec-Bench questions the benchmarks draw from: every MT-Bench-category question
+(Spec-Bench contains MT-Bench's 80) and the first 10 of each task category (translation, summarization,
+qa, math_reasoning, rag). Only the other 350 task questions may be trained on (`--spec-bench`).
 """
 from __future__ import annotations
 
@@ -61,11 +62,26 @@ def sharegpt_prompts(split: str) -> list[str]:
     return held if split == "eval" else train
 
 
-def spec_bench_questions() -> list[dict]:
-    """The acceptance benchmark's chat prompts: {"category", "text"} for each Spec-Bench question."""
+MT_BENCH_CATEGORIES = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
+SPEC_BENCH_HELD_OUT_PER_TASK = 10  # first questions of each 80-question task category kept for benchmarks
+
+
+def spec_bench_questions(split: str = "eval") -> list[dict]:
+    """{"category", "text"} of each Spec-Bench first-turn question of a split, in file order.
+    split: "eval" (the benchmarks' prompts: all 80 MT-Bench-category questions and the first 10 of each task
+    category, 130 in all) or "train" (the other 350 task questions)."""
     path = resources.files("specserve") / "data" / "spec_bench" / "question.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [{"category": r["category"], "text": r["turns"][0]} for r in rows]
+    seen: dict[str, int] = {}
+    out = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            cat = row["category"]
+            seen[cat] = seen.get(cat, 0) + 1
+            held = cat in MT_BENCH_CATEGORIES or seen[cat] <= SPEC_BENCH_HELD_OUT_PER_TASK
+            if held == (split == "eval"):
+                out.append({"category": cat, "text": row["turns"][0]})
+    return out
 
 
 def tokenize(tokenizer, texts: list[str]) -> list[np.ndarray]:

@@ -27,9 +27,13 @@ def code_prompts(tokenizer, n: int, prefix_tokens: int = 200, new_tokens: int = 
 
 
 def chat_prompts(tokenizer, per_category: int) -> dict[str, list[list[int]]]:
-    """The first `per_category` Spec-Bench first-turn questions of every category, chat-templated."""
+    """The first `per_category` Spec-Bench first-turn questions of every category, chat-templated (held-out
+    questions only: at most 10 per category)."""
+    if not 1 <= per_category <= corpus.SPEC_BENCH_HELD_OUT_PER_TASK:
+        raise ValueError(f"per_category must be 1..{corpus.SPEC_BENCH_HELD_OUT_PER_TASK} (the held-out Spec-Bench "
+                         f"questions), got {per_category}")
     by_cat: dict[str, list[list[int]]] = defaultdict(list)
-    for q in corpus.spec_bench_questions():
+    for q in corpus.spec_bench_questions("eval"):
         if len(by_cat[q["category"]]) < per_category:
             by_cat[q["category"]].append(tokenizer.encode_chat([{"role": "user", "content": q["text"]}]))
     return dict(by_cat)

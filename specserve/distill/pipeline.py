@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from specserve.distill import corpus
 from specserve.distill.replies import chat_samples, continuation_samples
@@ -36,6 +37,7 @@ class DistillConfig:
     eval_windows: int = 24
     train_windows: int | None = None   # use only the first N (shuffled) training windows (None: all)
     chat_prompts: int | None = None    # how many ShareGPT prompts get a target reply (None: all)
+    spec_bench: bool = False           # chat: also the 350 Spec-Bench task questions outside the held-out set
     continuations: int | None = None   # code/files: windows of a text prefix + the target's continuation
     max_reply_tokens: int = 192        # chat: longest reply; continuations: the reply part of each window
     ttt_steps: int = 2                 # eagle: draft steps unrolled in training (EAGLE-3's training-time test)
@@ -66,10 +68,12 @@ def _git_revision() -> str | None:
 
 def build_data(cfg: DistillConfig, target, log, features: dict | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Training windows (shuffled), held-out windows and the token stream used for vocabulary counts.
-    features: filled with window bytes -> target features for the continuations generated now."""
+    features: filled with window bytes -> target features [window, hidden] for the samples generated now."""
     tok, eos = target.tokenizer, target.tokenizer.eos_token_ids[0]
     rng = np.random.default_rng(cfg.train.seed)
     kind = cfg.corpus[0] if cfg.corpus[0] in ("code", "chat") else "files"
+    if cfg.spec_bench and kind != "chat":
+        raise SpecServeError("--spec-bench adds chat prompts: it needs --corpus chat")
     if kind == "chat":
         if cfg.continuations:
             raise SpecServeError("--continuations applies to code and text files; chat samples are the target's "
@@ -77,13 +81,21 @@ def build_data(cfg: DistillConfig, target, log, features: dict | None = None) ->
         window = cfg.window or 512
         max_prompt = window - cfg.max_reply_tokens
         train_prompts = corpus.sharegpt_prompts("train")[:cfg.chat_prompts]
+        bench = [q["text"] for q in corpus.spec_bench_questions("train")] if cfg.spec_bench else []
+        train_prompts += bench
         eval_prompts = corpus.sharegpt_prompts("eval")[:cfg.eval_windows]
+        by_sample = {} if features is not None else None
         samples = chat_samples(cfg.target, tok, train_prompts + eval_prompts, cfg.work / "chat_samples.jsonl",
-                               max_prompt, cfg.max_reply_tokens, log=log)
+                               max_prompt, cfg.max_reply_tokens, log=log, keep_end=frozenset(bench),
+                               features=by_sample)
         train_seqs, eval_seqs = samples[:len(train_prompts)], samples[len(train_prompts):]
         train_w = corpus.sample_windows(train_seqs, window, PAD)
         eval_w = corpus.sample_windows(eval_seqs, window, PAD)
         stream = np.concatenate(train_seqs)
+        if features is not None:  # the windows are the samples cut or padded to `window` (zero features)
+            for seq, w in zip(samples, np.concatenate([train_w, eval_w])):
+                if (f := by_sample.get(seq.tobytes())) is not None:
+                    features[w.tobytes()] = F.pad(f[:window], (0, 0, 0, window - min(window, len(f))))
     else:
         window = cfg.window or 320
         if kind == "code":

@@ -6,7 +6,7 @@ our engine in large batches (a draft must learn what the target says, not what p
   benchmark does, so every sample is exactly prefix + reply long.
 
 Appended to a JSONL file in chunks keyed by the prompt, so an interrupted run keeps what it generated.
-Continuations can also keep the target's final hidden state of every position (`FeatureRecorder`): an
+Generation can also keep the target's final hidden state of every position it ran (`FeatureRecorder`): an
 EAGLE draft's training features, which would otherwise cost a second pass of the target over the windows."""
 from __future__ import annotations
 
@@ -37,9 +37,8 @@ def target_replies(target_name: str, prompts: list[tuple[str, list[int]]], path:
     """Token ids (prompt + reply) of every (key, prompt ids), generating only the keys not in `path` yet.
     end_with_eos: stop at EOS and append one where the reply was cut; otherwise generate through EOS.
     features: a dict to fill with key -> [len(ids), hidden], the target's (bf16) final hidden state at
-    every position of each sample generated now (not of those read from `path`); needs end_with_eos=False."""
-    if features is not None and end_with_eos:
-        raise ValueError("features are recorded for fixed-length continuations only")
+    every position of each sample generated now (not of those read from `path`) but the final EOS of an
+    EOS-ended sample, which the target never runs (len(ids) - 1 rows then)."""
     done = {}
     if path.exists():
         for line in path.read_text().splitlines():
@@ -64,10 +63,10 @@ def target_replies(target_name: str, prompts: list[tuple[str, list[int]]], path:
             with path.open("a") as f:
                 for (key, prompt_ids), out in zip(chunk, outs):
                     row = list(prompt_ids) + list(out.token_ids[:max_reply_tokens])
-                    if recorder is not None:
-                        features[key] = recorder.rows.pop(out.request_id)[:len(row)]
                     if end_with_eos and (not row or row[-1] not in eos):
                         row.append(eos[0])
+                    if recorder is not None:
+                        features[key] = recorder.rows.pop(out.request_id)[:len(row) - end_with_eos]
                     done[key] = row
                     made += min(len(out.token_ids), max_reply_tokens)
                     f.write(json.dumps({"prompt": key, "ids": row}) + "\n")
@@ -76,18 +75,37 @@ def target_replies(target_name: str, prompts: list[tuple[str, list[int]]], path:
     return [np.asarray(done[key], dtype=np.int32) for key, _ in prompts]
 
 
-def chat_prompt(tokenizer, text: str, max_prompt_tokens: int) -> list[int]:
-    """A user message cut to `max_prompt_tokens` tokens (so that prompt + reply fit a training window), in
-    the target's chat template."""
-    cut = tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)[:max_prompt_tokens])
+def chat_prompt(tokenizer, text: str, max_prompt_tokens: int, keep_end: bool = False) -> list[int]:
+    """A user message cut to about `max_prompt_tokens` tokens (so that prompt + reply fit a training window),
+    in the target's chat template. keep_end: cut the middle instead of the end, keeping the beginning and the
+    end (Spec-Bench's RAG questions follow their documents)."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    if len(ids) <= max_prompt_tokens:
+        cut = text
+    elif keep_end:
+        half = max_prompt_tokens // 2
+        cut = tokenizer.decode(ids[:half]) + " ... " + tokenizer.decode(ids[len(ids) - half:])
+    else:
+        cut = tokenizer.decode(ids[:max_prompt_tokens])
     return tokenizer.encode_chat([{"role": "user", "content": cut}])
 
 
 def chat_samples(target_name: str, tokenizer, prompts: list[str], path: Path, max_prompt_tokens: int,
-                 max_reply_tokens: int, log=print) -> list[np.ndarray]:
-    """Templated prompt + reply + EOS of every prompt (keyed by its text)."""
-    keyed = [(p, chat_prompt(tokenizer, p, max_prompt_tokens)) for p in prompts]
-    return target_replies(target_name, keyed, path, max_reply_tokens, end_with_eos=True, batch=32, log=log)
+                 max_reply_tokens: int, log=print, keep_end: frozenset[str] = frozenset(),
+                 features: dict | None = None) -> list[np.ndarray]:
+    """Templated prompt + reply of every prompt (keyed by its text), without the EOS that ends each reply in
+    `path`: a request stops at EOS, so the row after it would teach the draft nothing the engine asks.
+    keep_end: prompts cut in the middle (`chat_prompt`). features: filled with the sample's bytes (int32) ->
+    its target features, for samples generated now."""
+    keyed = [(p, chat_prompt(tokenizer, p, max_prompt_tokens, p in keep_end)) for p in prompts]
+    by_key = {} if features is not None else None
+    samples = [s[:-1] for s in target_replies(target_name, keyed, path, max_reply_tokens, end_with_eos=True,
+                                              batch=32, log=log, features=by_key)]
+    if features is not None:
+        for (key, _), sample in zip(keyed, samples):
+            if key in by_key:
+                features[sample.tobytes()] = by_key[key]
+    return samples
 
 
 def continuation_samples(target_name: str, prefixes: list[list[int]], path: Path, reply_tokens: int,

@@ -2,6 +2,7 @@
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from specserve.distill import corpus
@@ -17,13 +18,23 @@ def test_stdlib_split_is_disjoint_stable_and_about_one_in_twenty():
     assert held == corpus.stdlib_files("eval")  # same split every call (hash of the path, not random)
 
 
-def test_chat_training_never_sees_benchmark_prompts():
-    bench = {q["text"].strip() for q in corpus.spec_bench_questions()}
+def test_chat_training_never_sees_benchmark_prompts(tiny_target):
+    from specserve.distill.evaluate import chat_prompts
+    bench = {q["text"].strip() for q in corpus.spec_bench_questions("eval")}
+    bench_train = {q["text"].strip() for q in corpus.spec_bench_questions("train")}
     train, held = corpus.sharegpt_prompts("train"), corpus.sharegpt_prompts("eval")
     assert train and held and not set(train) & set(held)
-    assert not bench & set(train)
-    assert {"writing", "coding", "summarization", "translation", "rag"} <= {
-        q["category"] for q in corpus.spec_bench_questions()}
+    assert not bench & set(train) and not bench & bench_train
+    assert (len(bench), len(bench_train)) == (130, 350)  # MT-Bench's 80 + 10 of each task category held out
+    assert {q["category"] for q in corpus.spec_bench_questions("eval")} >= {
+        "writing", "coding", "summarization", "translation", "rag"}
+    # The acceptance benchmark's prompts are held-out questions, and it cannot ask for more than there are.
+    tok = load_model(str(tiny_target), "float32").tokenizer
+    asked = [ids for ids_list in chat_prompts(tok, 10).values() for ids in ids_list]
+    held_ids = [tok.encode_chat([{"role": "user", "content": q["text"]}]) for q in corpus.spec_bench_questions("eval")]
+    assert len(asked) == 130 and all(ids in held_ids for ids in asked)
+    with pytest.raises(ValueError, match="held-out"):
+        chat_prompts(tok, 11)
 
 
 def test_windows_and_padding():
@@ -217,3 +228,41 @@ def test_continuation_features_recorded_while_generating_match_a_teacher_pass(ti
     info = run(tiny_config(tiny_target, tiny_corpus, tmp_path, steps=1, name="fresh", continuations=8,
                            max_reply_tokens=24, window=72, method="eagle"), log=lambda m: None)
     assert info["teacher_tokens_cached"] == 0
+
+
+def test_chat_features_recorded_while_generating_match_a_teacher_pass(tiny_target, tmp_path):
+    """Chat samples end at EOS: the target never runs that last token, so a sample is prompt + reply without
+    it, and the features recorded while generating cover every position of the window (padding: zeros)."""
+    from specserve.distill.pipeline import build_data, run
+    from specserve.distill.teacher import teach_features
+    from tests.distill.conftest import tiny_config
+    target = load_model(str(tiny_target), "float32")
+    eos = set(target.tokenizer.eos_token_ids)
+    cfg = tiny_config(tiny_target, ["chat"], tmp_path, steps=0, chat_prompts=12, spec_bench=True,
+                      max_reply_tokens=16, window=64, method="eagle")
+    recorded = {}
+    train_w, eval_w, _ = build_data(cfg, target, lambda m: None, recorded)
+    assert len(train_w) == 12 + 350 and set(recorded) == {w.tobytes() for w in np.concatenate([train_w, eval_w])}
+    last = [w[w != PAD][-1] for w in train_w]
+    assert not any(t in eos for t in last)  # no row after EOS
+    windows = train_w[:8]
+    taught = teach_features(target.model.to(torch.bfloat16), windows)["features"].float()
+    got = torch.stack([recorded[w.tobytes()] for w in windows]).float()
+    assert got.shape == taught.shape == (8, 64, target.config.hidden_size)
+    assert torch.allclose(got, taught, atol=0.02 * float(taught.abs().max()))  # bf16 kernels round differently
+    assert ((got.abs().sum(-1) > 0) == torch.from_numpy(windows != PAD)).all()  # every real position recorded
+    info = run(tiny_config(tiny_target, ["chat"], tmp_path, steps=1, name="fresh", chat_prompts=12,
+                           spec_bench=True, max_reply_tokens=16, window=64, method="eagle"), log=lambda m: None)
+    assert info["teacher_tokens_cached"] == 0
+
+
+def test_long_spec_bench_prompts_keep_their_question(tiny_target):
+    """A RAG question follows its document: prompts cut in the middle keep both ends."""
+    from specserve.distill.replies import chat_prompt
+    tok = load_model(str(tiny_target), "float32").tokenizer
+    text = "Context: " + "filler words " * 40 + "When does the new season come out?"
+    head_only = tok.decode(chat_prompt(tok, text, 40))
+    both = tok.decode(chat_prompt(tok, text, 40, keep_end=True))
+    assert "Context:" in head_only and "season come out?" not in head_only
+    assert "Context:" in both and "season come out?" in both and len(both) < len(text)
+    assert chat_prompt(tok, "short", 40, keep_end=True) == chat_prompt(tok, "short", 40)
