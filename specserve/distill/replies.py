@@ -75,6 +75,14 @@ def target_replies(target_name: str, prompts: list[tuple[str, list[int]]], path:
     return [np.asarray(done[key], dtype=np.int32) for key, _ in prompts]
 
 
+def _key_by_sample(keyed: list, samples: list[np.ndarray], by_key: dict, features: dict) -> None:
+    """Recorded features re-keyed from the prompt's key to the sample's bytes (int32), which is how the
+    pipeline finds the features of a training window."""
+    for (key, _), sample in zip(keyed, samples):
+        if key in by_key:
+            features[sample.tobytes()] = by_key[key]
+
+
 def chat_prompt(tokenizer, text: str, max_prompt_tokens: int, keep_end: bool = False) -> list[int]:
     """A user message cut to about `max_prompt_tokens` tokens (so that prompt + reply fit a training window),
     in the target's chat template. keep_end: cut the middle instead of the end, keeping the beginning and the
@@ -102,9 +110,7 @@ def chat_samples(target_name: str, tokenizer, prompts: list[str], path: Path, ma
     samples = [s[:-1] for s in target_replies(target_name, keyed, path, max_reply_tokens, end_with_eos=True,
                                               batch=32, log=log, features=by_key)]
     if features is not None:
-        for (key, _), sample in zip(keyed, samples):
-            if key in by_key:
-                features[sample.tobytes()] = by_key[key]
+        _key_by_sample(keyed, samples, by_key, features)
     return samples
 
 
@@ -117,7 +123,5 @@ def continuation_samples(target_name: str, prefixes: list[list[int]], path: Path
     samples = target_replies(target_name, keyed, path, reply_tokens, end_with_eos=False, batch=64, log=log,
                              features=by_key)
     if features is not None:
-        for (key, _), sample in zip(keyed, samples):
-            if key in by_key:
-                features[sample.tobytes()] = by_key[key]
+        _key_by_sample(keyed, samples, by_key, features)
     return samples
