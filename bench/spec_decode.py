@@ -46,19 +46,15 @@ def code_prompts(tokenizer, n: int, prefix: int = 200, new: int = 64) -> list[li
 
 
 def chat_prompts(tokenizer, n: int) -> tuple[list[list[int]], list[str]]:
-    from specserve.distill.corpus import spec_bench_questions
-    held_out = spec_bench_questions("eval")  # never trained on by a shipped draft
-    if n > len(held_out):
-        raise SystemExit(f"--chat-prompts: at most {len(held_out)} held-out Spec-Bench questions, got {n}")
-    by_cat: dict[str, list[dict]] = {}
-    for r in held_out:
-        by_cat.setdefault(r["category"], []).append(r)
-    # Round robin over the categories: the first question of each, then the second of each, ...
-    rows = []
-    for i in range(max(len(qs) for qs in by_cat.values())):
-        rows += [qs[i] for qs in by_cat.values() if i < len(qs)]
-    rows = rows[:n]
-    return [tokenizer.encode_chat([{"role": "user", "content": r["text"]}]) for r in rows], [r["category"] for r in rows]
+    """n held-out Spec-Bench questions (never trained on by a shipped draft), chat-templated, round robin
+    over the categories: the first question of each, then the second of each, ..."""
+    from specserve.distill.corpus import SPEC_BENCH_HELD_OUT_PER_TASK
+    from specserve.distill.evaluate import chat_prompts as held_out_by_category
+    by_cat = held_out_by_category(tokenizer, SPEC_BENCH_HELD_OUT_PER_TASK)
+    rows = [(qs[i], cat) for i in range(SPEC_BENCH_HELD_OUT_PER_TASK) for cat, qs in by_cat.items() if i < len(qs)]
+    if n > len(rows):
+        raise SystemExit(f"--chat-prompts: at most {len(rows)} held-out Spec-Bench questions, got {n}")
+    return [ids for ids, _ in rows[:n]], [cat for _, cat in rows[:n]]
 
 
 def method_specs(method: str, drafts: list[str]) -> list[tuple[str, dict]]:
