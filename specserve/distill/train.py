@@ -94,6 +94,23 @@ class DistillObjective:
         return {"agreement": agreement(model, self.eval_shard, vocab_map)}
 
 
+def similar_length_batch(shard: dict, size: int) -> dict:
+    """`size` windows of a shard [N, T, ...], each as likely as any other, chosen among windows of similar
+    length and cut to the longest one's real tokens. Chat windows are one sample each, right-padded (a third
+    of their positions are padding); padding rows never enter the loss, and causal attention means the
+    trailing ones change nothing before them, so cutting them saves their compute and changes no loss.
+    How: a random N // size * size of the windows, sorted by length, cut into chunks of `size`; one chunk."""
+    tokens = shard["tokens"]
+    size = min(size, len(tokens))
+    kept = torch.randperm(len(tokens))[:len(tokens) // size * size]
+    lengths = (tokens[kept] >= 0).sum(1)
+    order = kept[torch.argsort(lengths, stable=True)]
+    chunk = int(torch.randint(len(kept) // size, ()))
+    rows = order[chunk * size:(chunk + 1) * size]
+    t = int((tokens[rows] >= 0).sum(1).max())
+    return {k: v[rows, :t] for k, v in shard.items()}
+
+
 def lr_at(cfg: TrainConfig, progress: float) -> float:
     if progress < cfg.warmup:
         return cfg.lr * progress / cfg.warmup
@@ -141,8 +158,7 @@ def train(model, vocab_map, cache: TeacherCache, objective, cfg: TrainConfig, wo
 
     while progress() < 1.0:
         shard = cache.get(int(order[(step // cfg.echo) % len(order)]))
-        perm = torch.randperm(len(shard["tokens"]))[:cfg.batch]
-        batch = {k: v[perm] for k, v in shard.items()}
+        batch = similar_length_batch(shard, cfg.batch)
         lr = lr_at(cfg, progress())
         for group in opt.param_groups:
             group["lr"] = lr
