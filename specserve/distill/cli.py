@@ -51,9 +51,6 @@ def register(subparsers) -> None:
                         "prediction (EAGLE-3's training-time test)")
     p.add_argument("--kl-weight", type=_nonnegative_float, default=0.1,
                    help="eagle: weight of the token loss KL(target || draft) next to the feature regression's 1")
-    p.add_argument("--reply-loss-only", action="store_true",
-                   help="eagle, chat: the loss counts only the rows that predict reply tokens, where the draft "
-                        "drafts (the prompt rows are still read as context), as EAGLE trains")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work", help="work directory for caches and checkpoints (default runs/distill/<out name>)")
     p.add_argument("--resume", action="store_true", help="continue from the work directory's checkpoint")
@@ -84,8 +81,7 @@ def _command(args: argparse.Namespace) -> str:
     """The run as one explicit command line (every option, defaults included), for the draft's TRAINING.md."""
     parts = ["specserve", "distill"]
     # Options the method ignores: an EAGLE draft's shape is the target's; only EAGLE unrolls draft steps.
-    unused = (("hidden", "embedding_rank", "topk") if args.method == "eagle"
-              else ("ttt_steps", "kl_weight", "reply_loss_only"))
+    unused = ("hidden", "embedding_rank", "topk") if args.method == "eagle" else ("ttt_steps", "kl_weight")
     for key, value in vars(args).items():
         if key in ("func", "command", "resume", "prepare_only", *unused) or value is None or value is False:
             continue
@@ -118,8 +114,7 @@ def _run(args: argparse.Namespace) -> int:
                         chat_prompts=args.chat_prompts, spec_bench=args.spec_bench,
                         continuations=args.continuations,
                         max_reply_tokens=args.reply_tokens, train=tcfg,
-                        ttt_steps=args.ttt_steps, kl_weight=args.kl_weight,
-                        reply_loss_only=args.reply_loss_only, resume=args.resume,
+                        ttt_steps=args.ttt_steps, kl_weight=args.kl_weight, resume=args.resume,
                         prepare_only=args.prepare_only, command=_command(args))
     with ProgressBar() as bar:
         run(cfg, log=bar.log, progress_cb=bar.update)

@@ -14,14 +14,12 @@ rows applied to f_j: exact, no top-k truncation) and q_j the draft's. Every wind
 (default 2): pass 1 reads the target's features (plus small uniform noise, as EAGLE does, for robustness to
 its own errors); pass s reads pass s-1's predictions and attends to the keys that draft step s sees at
 inference (`student.unrolled_mask`): EAGLE-3's "training-time test", so later draft positions are trained too.
-On chat windows the loss can count the reply rows alone (`reply_header`; prompt rows are still read as context).
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from specserve.distill.replies import reply_rows
 from specserve.distill.student import causal_forward, init_small
 from specserve.model.config import ModelConfig
 from specserve.model.llama import LlamaModel
@@ -85,26 +83,19 @@ class EagleObjective:
     """Loss and held-out agreement of an EAGLE draft on cached target features."""
 
     def __init__(self, eval_shard: dict, passes: int = 2, reg_weight: float = 1.0, cls_weight: float = 0.1,
-                 noise: float = 0.2, reply_header: list[int] | None = None):
+                 noise: float = 0.2):
         if passes < 1:
             raise ValueError(f"passes must be >= 1, got {passes}")
         self.eval_shard = eval_shard  # tokens, features, and the target's full-vocabulary argmax ("argmax")
         self.passes, self.reg_weight, self.cls_weight, self.noise = passes, reg_weight, cls_weight, noise
-        # Chat windows: the loss counts only the rows that predict a reply token (`replies.reply_rows`), as
-        # EAGLE trains, since the draft drafts only inside replies; the prompt rows stay as context.
-        self.reply_header = reply_header
-
-    def _loss_rows(self, tokens: torch.Tensor) -> torch.Tensor:
-        """[B, T] bool: the rows the loss counts (non-padding, and with a reply header only reply rows)."""
-        return reply_rows(tokens, self.reply_header) if self.reply_header else tokens >= 0
 
     def loss(self, model: LlamaModel, batch: dict) -> tuple[torch.Tensor, dict]:
         tokens = batch["tokens"].long()
-        rows = self._loss_rows(tokens)
+        valid = tokens >= 0
         ids, f = tokens.clamp_min(0), batch["features"].float()
         prev = previous_features(f)
         prev = prev + (torch.rand_like(prev) * 2 - 1) * self.noise * (prev != 0)
-        f = f[rows]                                                    # [N, H]: padding rows never count
+        f = f[valid]                                                   # [N, H]: the loss skips padding rows
         with torch.no_grad():
             logp = F.log_softmax(f @ model.lm_head.weight.float().T, dim=-1)  # [N, Vd] p over the kept tokens
             p = logp.exp()
@@ -113,7 +104,7 @@ class EagleObjective:
         with _bf16(ids):
             outs = draft_passes(model, ids, prev, self.passes)
         for name, out in enumerate(outs, 1):
-            out = out[rows]                                            # [N, H] f̂
+            out = out[valid]                                           # [N, H] f̂
             with _bf16(ids):
                 logits = model.lm_head(out)                            # [N, Vd] log q up to a constant
             # KL(p || q) = H(p, q) - H(p): soft-target cross-entropy (one fused kernel) plus a constant.
@@ -126,12 +117,10 @@ class EagleObjective:
     @torch.no_grad()
     def agreement(self, model: LlamaModel, vocab_map: torch.Tensor | None) -> dict:
         """Held-out top-1 agreement with the target's argmax at draft step 1 (target features), 2 (the draft's
-        own predicted features), and further steps when training unrolls them; with a reply header also
-        step 1 on the reply rows alone ("agreement_reply")."""
+        own predicted features), and further steps when training unrolls them."""
         model.eval()
         steps = max(2, self.passes)
         hits, total = [0] * steps, 0
-        reply_hits = reply_total = 0
         shard = self.eval_shard
         for start in range(0, len(shard["tokens"]), 8):
             tok = shard["tokens"][start:start + 8].long()
@@ -143,15 +132,10 @@ class EagleObjective:
                 pred = model.lm_head(out).argmax(-1)
                 if vocab_map is not None:
                     pred = vocab_map[pred]
-                same = pred == shard["argmax"][start:start + 8].long()
-                hits[i] += int((same & valid).sum())
-                if i == 0 and self.reply_header:
-                    reply = self._loss_rows(tok)
-                    reply_hits, reply_total = reply_hits + int((same & reply).sum()), reply_total + int(reply.sum())
+                hits[i] += int(((pred == shard["argmax"][start:start + 8].long()) & valid).sum())
             total += int(valid.sum())
         model.train()
-        out = {"agreement" if i == 0 else f"agreement_step{i + 1}": h / max(1, total) for i, h in enumerate(hits)}
-        return {**out, "agreement_reply": reply_hits / max(1, reply_total)} if self.reply_header else out
+        return {"agreement" if i == 0 else f"agreement_step{i + 1}": h / max(1, total) for i, h in enumerate(hits)}
 
 
 @torch.no_grad()

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from specserve.distill import corpus
-from specserve.distill.replies import chat_samples, continuation_samples, reply_header
+from specserve.distill.replies import chat_samples, continuation_samples
 from specserve.distill.teacher import PAD, TeacherCache, teach, teach_features
 from specserve.distill.train import DistillObjective, TrainConfig, train
 from specserve.errors import SpecServeError
@@ -42,7 +42,6 @@ class DistillConfig:
     max_reply_tokens: int = 192        # chat: longest reply; continuations: the reply part of each window
     ttt_steps: int = 2                 # eagle: draft steps unrolled in training (EAGLE-3's training-time test)
     kl_weight: float = 0.1             # eagle: weight of KL(p || q) next to the feature regression's 1.0
-    reply_loss_only: bool = False      # eagle, chat: the loss counts the reply rows only (prompts are context)
     train: TrainConfig = field(default_factory=TrainConfig)
     resume: bool = False
     prepare_only: bool = False         # build the data and fill the teacher cache, then stop
@@ -75,9 +74,6 @@ def build_data(cfg: DistillConfig, target, log, features: dict | None = None) ->
     kind = cfg.corpus[0] if cfg.corpus[0] in ("code", "chat") else "files"
     if cfg.spec_bench and kind != "chat":
         raise SpecServeError("--spec-bench adds chat prompts: it needs --corpus chat")
-    if cfg.reply_loss_only and (kind != "chat" or cfg.method != "eagle"):
-        raise SpecServeError("--reply-loss-only trains an EAGLE draft on chat replies: it needs --corpus chat "
-                             "--method eagle")
     if kind == "chat":
         if cfg.continuations:
             raise SpecServeError("--continuations applies to code and text files; chat samples are the target's "
@@ -204,8 +200,7 @@ def run(cfg: DistillConfig, log=print, progress_cb=None) -> dict:
 
         eval_shard = _eval_shard(cfg.work / "features" / "eval.safetensors", eval_w, eval_features)
         recorded.clear()  # on disk now
-        objective = EagleObjective(eval_shard, passes=cfg.ttt_steps, cls_weight=cfg.kl_weight,
-                                   reply_header=reply_header(target.tokenizer) if cfg.reply_loss_only else None)
+        objective = EagleObjective(eval_shard, passes=cfg.ttt_steps, cls_weight=cfg.kl_weight)
     else:
         dcfg = draft_config(target.config, cfg.layers, cfg.hidden, len(vocab_map) if vocab_map else None,
                             cfg.embedding_rank)

@@ -125,27 +125,3 @@ def continuation_samples(target_name: str, prefixes: list[list[int]], path: Path
     if features is not None:
         _key_by_sample(keyed, samples, by_key, features)
     return samples
-
-
-def reply_header(tokenizer) -> list[int]:
-    """The tokens every chat-templated prompt ends with (the end of the user turn and the assistant header,
-    e.g. `<|im_end|>\\n<|im_start|>assistant\\n`): the reply starts right after them."""
-    a, b = (tokenizer.encode_chat([{"role": "user", "content": c}]) for c in ("a", "b"))
-    n = 0
-    while n < min(len(a), len(b)) and a[-1 - n] == b[-1 - n]:
-        n += 1
-    return a[len(a) - n:]
-
-
-def reply_rows(tokens: torch.Tensor, header: list[int]) -> torch.Tensor:
-    """tokens [B, T] (chat windows: templated prompt + reply, right-padded with negative ids) -> [B, T] bool:
-    the rows whose next token is a reply token, i.e. from the last token of the window's last `header` to
-    its last real token. A window without the header has none."""
-    h = torch.as_tensor(header, dtype=tokens.dtype)
-    b, t = tokens.shape
-    if t < len(h):
-        return torch.zeros(b, t, dtype=torch.bool)
-    hit = (tokens.unfold(1, len(h), 1) == h).all(-1)                     # [B, T - len(h) + 1] header starts
-    last = torch.where(hit, torch.arange(hit.shape[1]), -1).max(1).values  # [B] last header start, -1: none
-    first = torch.where(last >= 0, last + len(h) - 1, t)                 # [B] the header's last token
-    return (torch.arange(t)[None] >= first[:, None]) & (tokens >= 0)

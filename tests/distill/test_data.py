@@ -143,28 +143,22 @@ def test_training_passes_are_the_draft_steps_of_inference(tiny_target):
                     assert (plain[0, j] - want).abs().max() > 0.1, (s, j)
 
 
-@pytest.mark.parametrize("replies_only", [False, True])
-def test_eagle_loss_is_smooth_l1_plus_weighted_kl_over_the_non_padding_rows(tiny_target, replies_only):
+def test_eagle_loss_is_smooth_l1_plus_weighted_kl_over_the_non_padding_rows(tiny_target):
     """The loss, recomputed in fp32 from its definition (EAGLE: SmoothL1(f̂, f) + w · KL(p || q), p and q
-    softmax of the kept head rows applied to f and f̂) on the unpadded rows; padding rows do not count. With a
-    reply header, only the rows from the header's last token on count (`replies.reply_rows`)."""
+    softmax of the kept head rows applied to f and f̂) on the unpadded rows; padding rows do not count."""
     import torch.nn.functional as F
     from specserve.distill.eagle import EagleObjective, draft_passes, eagle_config, init_eagle, previous_features
     target = load_model(str(tiny_target), "float32")
     vocab_map = torch.arange(0, 200, 2)
     model = init_eagle(target.model, eagle_config(target.config, 1, len(vocab_map)), vocab_map, seed=0)
     torch.manual_seed(0)
-    tokens = torch.randint(3, 200, (3, 12), dtype=torch.int32)
+    tokens = torch.randint(0, 200, (3, 12), dtype=torch.int32)
     tokens[1, 7:] = PAD
-    header = [1, 2]
-    tokens[0, 3:5] = tokens[0, 6:8] = tokens[1, 2:4] = tokens[2, 8:10] = torch.tensor(header)  # last one counts
-    rows = torch.zeros(3, 12, dtype=torch.bool)
-    rows[0, 7:], rows[1, 3:7], rows[2, 9:] = True, True, True
     features = torch.randn(3, 12, target.config.hidden_size)
     features[1, 7:] = 1e3  # garbage under the padding: would dominate any loss that read it
-    objective = EagleObjective(None, passes=2, cls_weight=0.3, noise=0.0, reply_header=header if replies_only else None)
+    objective = EagleObjective(None, passes=2, cls_weight=0.3, noise=0.0)
     loss, parts = objective.loss(model, {"tokens": tokens, "features": features})
-    valid = rows if replies_only else tokens >= 0
+    valid = tokens >= 0
     with torch.no_grad():
         outs = draft_passes(model, tokens.long().clamp_min(0), previous_features(features), 2)
         want = 0.0
@@ -177,24 +171,6 @@ def test_eagle_loss_is_smooth_l1_plus_weighted_kl_over_the_non_padding_rows(tiny
             assert abs(parts[f"reg{s}"] - float(reg)) < 0.02 * float(reg), s
             want += reg + 0.3 * kl
     assert abs(float(loss.detach()) - float(want)) < 0.02 * float(want)
-
-
-def test_reply_rows_start_at_the_assistant_header_of_a_templated_sample(tiny_target):
-    """The header is what every templated prompt ends with; the reply rows are the ones whose next token is
-    a reply token: from the header's last token to the last real token, none in padding or without a header."""
-    from specserve.distill.replies import reply_header, reply_rows
-    tok = load_model(str(tiny_target), "float32").tokenizer
-    header = reply_header(tok)
-    prompt = tok.encode_chat([{"role": "user", "content": "Say something nice."}])
-    assert prompt[-len(header):] == header and len(header) >= 2
-    reply = [5, 6, 7]
-    windows = torch.full((2, len(prompt) + 6), PAD, dtype=torch.long)
-    windows[0, :len(prompt) + 3] = torch.tensor(prompt + reply)
-    windows[1, :3] = torch.tensor(reply)  # no header: a window the reply loss has nothing to learn from
-    rows = reply_rows(windows, header)
-    assert rows[0].nonzero().flatten().tolist() == list(range(len(prompt) - 1, len(prompt) + 3))
-    assert not rows[1].any()
-    assert not reply_rows(windows[:, :len(header) - 1], header).any()  # shorter than the header
 
 
 def test_similar_length_batches_cut_padding_change_no_loss_and_pick_every_window_alike(tiny_target):
