@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from specserve.distill.student import causal_forward, init_small
+from specserve.distill.student import bf16_autocast, causal_forward, init_small
 from specserve.model.config import ModelConfig
 from specserve.model.llama import LlamaModel
 
@@ -74,19 +74,15 @@ def draft_passes(model: LlamaModel, ids: torch.Tensor, prev: torch.Tensor, passe
     return outs
 
 
-def _bf16(ids: torch.Tensor):
-    """bf16 autocast on CPU, where it is the fast path (the engine serves drafts in bf16 too)."""
-    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=ids.device.type == "cpu")
-
-
 class EagleObjective:
     """Loss and held-out agreement of an EAGLE draft on cached target features."""
 
     def __init__(self, eval_shard: dict, passes: int = 2, reg_weight: float = 1.0, cls_weight: float = 0.1,
-                 noise: float = 0.2):
+                 noise: float = 0.2, device: str = "cpu"):
         if passes < 1:
             raise ValueError(f"passes must be >= 1, got {passes}")
-        self.eval_shard = eval_shard  # tokens, features, and the target's full-vocabulary argmax ("argmax")
+        # tokens, features, and the target's full-vocabulary argmax ("argmax"), on the draft's device
+        self.eval_shard = {k: v.to(device) for k, v in (eval_shard or {}).items()}
         self.passes, self.reg_weight, self.cls_weight, self.noise = passes, reg_weight, cls_weight, noise
 
     def loss(self, model: LlamaModel, batch: dict) -> tuple[torch.Tensor, dict]:
@@ -101,11 +97,11 @@ class EagleObjective:
             p = logp.exp()
             neg_entropy = (p * logp).sum(-1).mean()
         total, parts = 0.0, {}
-        with _bf16(ids):
+        with bf16_autocast(ids):
             outs = draft_passes(model, ids, prev, self.passes)
         for name, out in enumerate(outs, 1):
             out = out[valid]                                           # [N, H] f̂
-            with _bf16(ids):
+            with bf16_autocast(ids):
                 logits = model.lm_head(out)                            # [N, Vd] log q up to a constant
             # KL(p || q) = H(p, q) - H(p): soft-target cross-entropy (one fused kernel) plus a constant.
             kl = F.cross_entropy(logits.float(), p) + neg_entropy
@@ -126,7 +122,7 @@ class EagleObjective:
             tok = shard["tokens"][start:start + 8].long()
             valid = tok >= 0
             f = shard["features"][start:start + 8].float()
-            with _bf16(tok):
+            with bf16_autocast(tok):
                 outs = draft_passes(model, tok.clamp_min(0), previous_features(f), steps)
             for i, out in enumerate(outs):
                 pred = model.lm_head(out).argmax(-1)
@@ -140,6 +136,8 @@ class EagleObjective:
 
 @torch.no_grad()
 def target_argmax(target: LlamaModel, shard: dict) -> torch.Tensor:
-    """[N, T] the target's greedy next token at every position of a feature shard (full vocabulary)."""
-    return torch.stack([target.compute_logits(f.to(target.lm_head.weight.dtype)).argmax(-1)
-                        for f in shard["features"]]).int()
+    """[N, T] the target's greedy next token at every position of a feature shard (full vocabulary), on the
+    shard's device."""
+    weight = target.lm_head.weight
+    return torch.stack([target.compute_logits(f.to(weight.device, weight.dtype)).argmax(-1)
+                        for f in shard["features"]]).int().to(shard["features"].device)

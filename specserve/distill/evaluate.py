@@ -73,15 +73,16 @@ def teacher_forced_agreement(target, draft, vocab_map, sequences: list[list[int]
     import torch
 
     from specserve.distill.eagle import draft_passes, previous_features, target_argmax
+    from specserve.distill.student import bf16_autocast
     from specserve.distill.teacher import PAD, teach_features
     windows = np.full((len(sequences), max(map(len, sequences))), PAD, dtype=np.int64)
     for i, seq in enumerate(sequences):
         windows[i, :len(seq)] = seq
-    shard = teach_features(target, windows)
+    device = draft.lm_head.weight.device
+    shard = {k: v.to(device) for k, v in teach_features(target, windows).items()}
     greedy = target_argmax(target, shard)                    # [N, T] target's next token after position j
     hits, totals = {"prompt": 0, "reply": 0}, {"prompt": 0, "reply": 0}
-    on_cpu = shard["features"].device.type == "cpu"
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=on_cpu):
+    with torch.no_grad(), bf16_autocast(shard["features"]):
         for start in range(0, len(sequences), 8):
             ids = shard["tokens"][start:start + 8].long().clamp_min(0)
             out = draft_passes(draft, ids, previous_features(shard["features"][start:start + 8].float()), 1)[0]

@@ -18,7 +18,7 @@ def export_draft(model, vocab_map: list[int] | None, target_dir: Path, out: Path
                  dtype: torch.dtype = torch.bfloat16) -> Path:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    save_hf_weights({k: v.to(dtype) for k, v in hf_state_dict(model).items()}, out)
+    save_hf_weights({k: v.to("cpu", dtype) for k, v in hf_state_dict(model).items()}, out)
     cfg = model.config.to_hf()
     cfg["torch_dtype"] = str(dtype).removeprefix("torch.")
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")

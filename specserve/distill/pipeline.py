@@ -45,6 +45,7 @@ class DistillConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     resume: bool = False
     prepare_only: bool = False         # build the data and fill the teacher cache, then stop
+    device: str = "auto"               # where the target teaches and the draft trains: auto, cpu or cuda[:N]
     command: str = ""
 
 
@@ -87,7 +88,7 @@ def build_data(cfg: DistillConfig, target, log, features: dict | None = None) ->
         by_sample = {} if features is not None else None
         samples = chat_samples(cfg.target, tok, train_prompts + eval_prompts, cfg.work / "chat_samples.jsonl",
                                max_prompt, cfg.max_reply_tokens, log=log, keep_end=frozenset(bench),
-                               features=by_sample)
+                               features=by_sample, device=cfg.device)
         train_seqs, eval_seqs = samples[:len(train_prompts)], samples[len(train_prompts):]
         train_w = corpus.sample_windows(train_seqs, window, PAD)
         eval_w = corpus.sample_windows(eval_seqs, window, PAD)
@@ -131,7 +132,7 @@ def build_data(cfg: DistillConfig, target, log, features: dict | None = None) ->
             prompts = (corpus.prefixes(train_docs, cfg.continuations, prefix, rng)
                        + corpus.prefixes(eval_docs, cfg.eval_windows, prefix, rng))
             samples = continuation_samples(cfg.target, prompts, cfg.work / "continuations.jsonl",
-                                           cfg.max_reply_tokens, log=log, features=features)
+                                           cfg.max_reply_tokens, log=log, features=features, device=cfg.device)
             train_w, eval_w = np.stack(samples[:cfg.continuations]), np.stack(samples[cfg.continuations:])
             stream = np.concatenate([stream, train_w.ravel()])  # the draft vocabulary covers the replies too
     if len(train_w) == 0 or len(eval_w) == 0:
@@ -155,11 +156,13 @@ def _eval_shard(path: Path, eval_w: np.ndarray, make) -> dict:
 def run(cfg: DistillConfig, log=print, progress_cb=None) -> dict:
     from specserve.distill.export import export_draft
     from specserve.distill.student import draft_config, init_student
+    from specserve.engine.config import resolve_device
     from specserve.model.loader import load_model
 
     t_start = time.perf_counter()
+    cfg.device = resolve_device(cfg.device)
     cfg.work.mkdir(parents=True, exist_ok=True)
-    target = load_model(cfg.target, "float32")
+    target = load_model(cfg.target, "float32", cfg.device)
     meta_path = cfg.work / "meta.json"
     fingerprint = _vocab_fingerprint(target.tokenizer)
     if cfg.resume and meta_path.exists() and json.loads(meta_path.read_text())["tokenizer"] != fingerprint:
@@ -182,7 +185,7 @@ def run(cfg: DistillConfig, log=print, progress_cb=None) -> dict:
         from specserve.distill.eagle import EagleObjective, eagle_config, init_eagle, target_argmax
         teacher = target.model.to(torch.bfloat16)  # the engine serves the target in bf16: teach what it says
         dcfg = eagle_config(target.config, cfg.layers, len(vocab_map) if vocab_map else None)
-        student = init_eagle(teacher, dcfg, vm, cfg.train.seed)  # reads the served (bf16) embedding and head
+        student = init_eagle(teacher, dcfg, vm, cfg.train.seed).to(cfg.device)  # reads the served (bf16) embedding and head
         cache = TeacherCache(cfg.work / "features", lambda rows: teach_features(teacher, rows), train_w,
                              cfg.shard_windows)
 
@@ -200,17 +203,17 @@ def run(cfg: DistillConfig, log=print, progress_cb=None) -> dict:
 
         eval_shard = _eval_shard(cfg.work / "features" / "eval.safetensors", eval_w, eval_features)
         recorded.clear()  # on disk now
-        objective = EagleObjective(eval_shard, passes=cfg.ttt_steps, cls_weight=cfg.kl_weight)
+        objective = EagleObjective(eval_shard, passes=cfg.ttt_steps, cls_weight=cfg.kl_weight, device=cfg.device)
     else:
         dcfg = draft_config(target.config, cfg.layers, cfg.hidden, len(vocab_map) if vocab_map else None,
                             cfg.embedding_rank)
-        student = init_student(target.model, dcfg, vm, cfg.train.seed)
+        student = init_student(target.model, dcfg, vm, cfg.train.seed).to(cfg.device)
         teacher = target.model.to(torch.bfloat16)
         cache = TeacherCache(cfg.work / "teacher", lambda rows: teach(teacher, rows, cfg.topk), train_w,
                              cfg.shard_windows)
         eval_shard = _eval_shard(cfg.work / "teacher" / "eval.safetensors", eval_w,
                                  lambda w: teach(teacher, w, cfg.topk))
-        objective = DistillObjective(eval_shard, target.config.vocab_size, vm, cfg.train.ce_weight)
+        objective = DistillObjective(eval_shard, target.config.vocab_size, vm, cfg.train.ce_weight, cfg.device)
     if cfg.prepare_only:
         for i in range(cache.num_shards):
             cache.get(i)
@@ -220,7 +223,8 @@ def run(cfg: DistillConfig, log=print, progress_cb=None) -> dict:
         return {"prep_seconds": round(prep_seconds, 1), "teacher_tokens_cached": cache.tokens_taught,
                 "teacher_seconds": round(cache.seconds_teaching, 1), "shards": cache.num_shards}
     prep_seconds = time.perf_counter() - t_start
-    summary = train(student, vm, cache, objective, cfg.train, cfg.work, cfg.resume, progress_cb)
+    summary = train(student, None if vm is None else vm.to(cfg.device), cache, objective, cfg.train, cfg.work,
+                    cfg.resume, progress_cb)
     # Shipped parameters: an EAGLE draft borrows the target's embedding.
     params = sum(p.numel() for n, p in student.named_parameters() if not (dcfg.eagle and n == "embed_tokens.weight"))
     info = {"command": cfg.command, "target": cfg.target, "corpus": cfg.corpus, "seed": cfg.train.seed,

@@ -27,13 +27,15 @@ class FeatureRecorder:
         self.rows: dict[str, torch.Tensor] = {}
 
     def __call__(self, seq, start: int, rows: torch.Tensor) -> None:
-        if seq.request_id not in self.rows:
-            self.rows[seq.request_id] = rows.new_zeros(seq.num_prompt_tokens + seq.params.max_tokens, rows.shape[1])
-        self.rows[seq.request_id][start:start + len(rows)] = rows
+        if seq.request_id not in self.rows:  # kept in host memory: the training cache lives on disk
+            self.rows[seq.request_id] = torch.zeros(seq.num_prompt_tokens + seq.params.max_tokens, rows.shape[1],
+                                                    dtype=rows.dtype)
+        self.rows[seq.request_id][start:start + len(rows)] = rows.cpu()
 
 
 def target_replies(target_name: str, prompts: list[tuple[str, list[int]]], path: Path, max_reply_tokens: int,
-                   end_with_eos: bool, batch: int, log=print, features: dict | None = None) -> list[np.ndarray]:
+                   end_with_eos: bool, batch: int, log=print, features: dict | None = None,
+                   device: str = "auto") -> list[np.ndarray]:
     """Token ids (prompt + reply) of every (key, prompt ids), generating only the keys not in `path` yet.
     end_with_eos: stop at EOS and append one where the reply was cut; otherwise generate through EOS.
     features: a dict to fill with key -> [len(ids), hidden], the target's (bf16) final hidden state at
@@ -47,7 +49,7 @@ def target_replies(target_name: str, prompts: list[tuple[str, list[int]]], path:
     todo = [(key, ids) for key, ids in dict(prompts).items() if key not in done]
     if todo:
         from specserve import LLM, SamplingParams
-        llm = LLM(model=target_name, max_num_seqs=batch, dtype="bfloat16")
+        llm = LLM(model=target_name, max_num_seqs=batch, dtype="bfloat16", device=device)
         eos = llm.tokenizer.eos_token_ids
         recorder = None
         if features is not None:
@@ -100,7 +102,7 @@ def chat_prompt(tokenizer, text: str, max_prompt_tokens: int, keep_end: bool = F
 
 def chat_samples(target_name: str, tokenizer, prompts: list[str], path: Path, max_prompt_tokens: int,
                  max_reply_tokens: int, log=print, keep_end: frozenset[str] = frozenset(),
-                 features: dict | None = None) -> list[np.ndarray]:
+                 features: dict | None = None, device: str = "auto") -> list[np.ndarray]:
     """Templated prompt + reply of every prompt (keyed by its text), without the EOS that ends each reply in
     `path`: a request stops at EOS, so the row after it would teach the draft nothing the engine asks.
     keep_end: prompts cut in the middle (`chat_prompt`). features: filled with the sample's bytes (int32) ->
@@ -108,20 +110,20 @@ def chat_samples(target_name: str, tokenizer, prompts: list[str], path: Path, ma
     keyed = [(p, chat_prompt(tokenizer, p, max_prompt_tokens, p in keep_end)) for p in prompts]
     by_key = {} if features is not None else None
     samples = [s[:-1] for s in target_replies(target_name, keyed, path, max_reply_tokens, end_with_eos=True,
-                                              batch=32, log=log, features=by_key)]
+                                              batch=32, log=log, features=by_key, device=device)]
     if features is not None:
         _key_by_sample(keyed, samples, by_key, features)
     return samples
 
 
 def continuation_samples(target_name: str, prefixes: list[list[int]], path: Path, reply_tokens: int,
-                         log=print, features: dict | None = None) -> list[np.ndarray]:
+                         log=print, features: dict | None = None, device: str = "auto") -> list[np.ndarray]:
     """Each prefix + exactly `reply_tokens` greedy target tokens (keyed by a hash of the prefix).
     features: filled with the sample's bytes (int32) -> its target features, for samples generated now."""
     keyed = [(hashlib.sha1(np.asarray(p, dtype=np.int32).tobytes()).hexdigest(), p) for p in prefixes]
     by_key = {} if features is not None else None
     samples = target_replies(target_name, keyed, path, reply_tokens, end_with_eos=False, batch=64, log=log,
-                             features=by_key)
+                             features=by_key, device=device)
     if features is not None:
         _key_by_sample(keyed, samples, by_key, features)
     return samples

@@ -45,6 +45,11 @@ def causal_forward(model: LlamaModel, ids: torch.Tensor, features: torch.Tensor 
     return model.norm(x)
 
 
+def bf16_autocast(t: torch.Tensor):
+    """bf16 autocast on t's device: the fast path on CPU and GPU alike (the engine serves drafts in bf16 too)."""
+    return torch.autocast(t.device.type, dtype=torch.bfloat16)
+
+
 def unrolled_mask(t: int, earlier: int, device=None) -> torch.Tensor:
     """[T, (earlier + 1) * T] keys visible to draft step s = earlier + 1 at position j, over the keys of
     passes 1..s (pass i holds step i at every position). At inference step s's row j sees the rows made

@@ -23,39 +23,40 @@ CACHE_KEYS = ("tokens", "topk_ids", "topk_logits", "lse")
 
 @torch.no_grad()
 def teach(target, windows: np.ndarray, k: int, chunk: int = 16) -> dict[str, torch.Tensor]:
-    """windows [N, T] int32 (PAD allowed at the end of a row) -> the cache entries for them:
+    """windows [N, T] int32 (PAD allowed at the end of a row) -> the cache entries for them, in host memory:
     tokens [N, T] int32, topk_ids [N, T, k] int32, topk_logits [N, T, k] fp16, lse [N, T] fp32."""
-    dtype = next(target.parameters()).dtype
+    weight = next(target.parameters())
     ids_all = torch.from_numpy(np.ascontiguousarray(windows)).long()
     out = {key: [] for key in CACHE_KEYS}
     for start in range(0, len(ids_all), chunk):
-        ids = ids_all[start:start + chunk]
+        ids = ids_all[start:start + chunk].to(weight.device)
         # Padding sits at the end of rows: run only up to the chunk's longest row, fill the rest.
         length = int((ids >= 0).sum(1).max())
         hidden = causal_forward(target, ids[:, :length].clamp_min(0))
-        logits = target.lm_head(hidden.to(dtype)).float()
+        logits = target.lm_head(hidden.to(weight.dtype)).float()
         values, idx = logits.topk(k, dim=-1)
         pad = ids.shape[1] - length
         out["tokens"].append(ids.int())
         out["topk_ids"].append(F.pad(idx.int(), (0, 0, 0, pad)))
         out["topk_logits"].append(F.pad(values.half(), (0, 0, 0, pad)))
         out["lse"].append(F.pad(logits.logsumexp(-1), (0, pad)))
-    return {key: torch.cat(v) for key, v in out.items()}
+    return {key: torch.cat(v).cpu() for key, v in out.items()}
 
 
 @torch.no_grad()
 def teach_features(target, windows: np.ndarray, chunk: int = 16) -> dict[str, torch.Tensor]:
     """windows [N, T] int32 -> tokens [N, T] int32 and the target's final (normed) hidden state of every
     position, features [N, T, hidden] in the target's dtype: what an EAGLE draft reads and learns to predict.
-    Padded positions hold zeros."""
+    Padded positions hold zeros. Both in host memory."""
+    device = next(target.parameters()).device
     ids_all = torch.from_numpy(np.ascontiguousarray(windows)).long()
     feats = []
     for start in range(0, len(ids_all), chunk):
-        ids = ids_all[start:start + chunk]
+        ids = ids_all[start:start + chunk].to(device)
         length = int((ids >= 0).sum(1).max())
         hidden = causal_forward(target, ids[:, :length].clamp_min(0))
         hidden = hidden * (ids[:, :length] >= 0)[..., None]
-        feats.append(F.pad(hidden, (0, 0, 0, ids.shape[1] - length)))
+        feats.append(F.pad(hidden, (0, 0, 0, ids.shape[1] - length)).cpu())
     return {"tokens": ids_all.int(), "features": torch.cat(feats)}
 
 

@@ -1,6 +1,7 @@
 """The distillation loop: KL(target || draft) on the cached top-k logits + cross-entropy on the target's
 argmax; AdamW with warmup and cosine decay over the run's budget (steps or wall-clock minutes), bf16
-autocast on CPU, checkpoints and resume, held-out top-1 agreement on a progress bar and in a JSONL log."""
+autocast (CPU or GPU), checkpoints and resume, held-out top-1 agreement on a progress bar and in a JSONL
+log. The teacher cache stays in host memory and on disk; each batch moves to the draft's device."""
 from __future__ import annotations
 
 import json
@@ -13,7 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from specserve.distill.student import causal_forward
+from specserve.distill.student import bf16_autocast, causal_forward
 from specserve.distill.teacher import PAD, TeacherCache
 
 
@@ -65,7 +66,7 @@ def agreement(model, shard: dict, vocab_map: torch.Tensor | None) -> float:
     hits = total = 0
     for start in range(0, len(shard["tokens"]), 8):
         tok = shard["tokens"][start:start + 8].long()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=tok.device.type == "cpu"):
+        with bf16_autocast(tok):
             pred = model.lm_head(causal_forward(model, tok.clamp_min(0))).argmax(-1)
         if vocab_map is not None:
             pred = vocab_map[pred]
@@ -79,15 +80,19 @@ def agreement(model, shard: dict, vocab_map: torch.Tensor | None) -> float:
 class DistillObjective:
     """A standalone draft on the cached top-k target logits (see `distill_loss`)."""
 
-    def __init__(self, eval_shard: dict, vocab_size: int, vocab_map: torch.Tensor | None, ce_weight: float):
-        self.eval_shard, self.ce_weight = eval_shard, ce_weight
+    def __init__(self, eval_shard: dict, vocab_size: int, vocab_map: torch.Tensor | None, ce_weight: float,
+                 device: str = "cpu"):
+        self.eval_shard = {k: v.to(device) for k, v in eval_shard.items()}
+        self.ce_weight = ce_weight
         self.to_draft = torch.full((vocab_size,), -1, dtype=torch.long)  # target id -> draft head row
         rows = vocab_map if vocab_map is not None else torch.arange(vocab_size)
         self.to_draft[rows] = torch.arange(len(rows))
+        self.to_draft = self.to_draft.to(device)
 
     def loss(self, model, batch: dict) -> tuple[torch.Tensor, dict]:
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            logits = model.lm_head(causal_forward(model, batch["tokens"].long().clamp_min(0)))
+        tokens = batch["tokens"].long().clamp_min(0)
+        with bf16_autocast(tokens):
+            logits = model.lm_head(causal_forward(model, tokens))
         return distill_loss(logits, batch, self.to_draft, self.ce_weight)
 
     def agreement(self, model, vocab_map: torch.Tensor | None) -> dict:
@@ -124,6 +129,7 @@ def train(model, vocab_map, cache: TeacherCache, objective, cfg: TrainConfig, wo
     `objective`: `loss(model, batch) -> (loss, parts)` and `agreement(model, vocab_map) -> {"agreement": ..}`
     (DistillObjective here, EagleObjective in eagle.py); frozen parameters (requires_grad off) stay put."""
     ckpt_path, log_path = work / "checkpoint.pt", work / "train_log.jsonl"
+    device = next(model.parameters()).device
     trainable = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in trainable if p.dim() == 2]
     no_decay = [p for p in trainable if p.dim() < 2]
@@ -131,7 +137,7 @@ def train(model, vocab_map, cache: TeacherCache, objective, cfg: TrainConfig, wo
                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
     step, elapsed, tokens_seen, loss_avg = 0, 0.0, 0, None
     if resume and ckpt_path.exists():
-        state = torch.load(ckpt_path, weights_only=False)
+        state = torch.load(ckpt_path, weights_only=False, map_location="cpu")
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         step, elapsed, tokens_seen = state["step"], state["elapsed"], state["tokens_seen"]
@@ -158,7 +164,7 @@ def train(model, vocab_map, cache: TeacherCache, objective, cfg: TrainConfig, wo
 
     while progress() < 1.0:
         shard = cache.get(int(order[(step // cfg.echo) % len(order)]))
-        batch = similar_length_batch(shard, cfg.batch)
+        batch = {k: v.to(device) for k, v in similar_length_batch(shard, cfg.batch).items()}
         lr = lr_at(cfg, progress())
         for group in opt.param_groups:
             group["lr"] = lr

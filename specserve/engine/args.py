@@ -14,7 +14,7 @@ def add_engine_args(p: argparse.ArgumentParser, max_num_batched_tokens: int) -> 
                    help='JSON, e.g. \'{"model": "default", "num_speculative_tokens": 4}\' or '
                         '\'{"method": "ngram", "num_speculative_tokens": 4}\'')
     g.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
-    g.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    g.add_argument("--device", default="auto", help="auto (cuda if torch sees a GPU, else cpu), cpu or cuda[:N]")
     g.add_argument("--max-num-seqs", type=int, default=64)
     g.add_argument("--max-num-batched-tokens", type=int, default=max_num_batched_tokens,
                    help=f"per-step token budget; prefills are chunked to fit (default {max_num_batched_tokens})")
@@ -27,11 +27,8 @@ def add_engine_args(p: argparse.ArgumentParser, max_num_batched_tokens: int) -> 
 
 
 def engine_config_from_args(args):
-    import torch
-
     from specserve.engine.config import EngineConfig
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    return EngineConfig(model=args.model, dtype=args.dtype, device=device, max_num_seqs=args.max_num_seqs,
+    return EngineConfig(model=args.model, dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs,
                         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
                         block_size=args.block_size, kv_cache_memory=args.kv_cache_memory,
                         num_kv_blocks=args.num_kv_blocks,

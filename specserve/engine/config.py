@@ -16,11 +16,25 @@ SERVER_MAX_NUM_BATCHED_TOKENS = 512
 OFFLINE_MAX_NUM_BATCHED_TOKENS = 2048
 
 
+def resolve_device(device: str) -> str:
+    """"auto" -> "cuda" when torch sees a GPU, else "cpu"; anything else must be a device torch knows."""
+    import torch
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, TypeError) as e:
+        raise SpecServeError(f"unknown device {device!r}: use auto, cpu or cuda[:N]") from e
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise SpecServeError(f"device {device!r} asked for, but torch sees no CUDA GPU")
+    return device
+
+
 @dataclass(slots=True)
 class EngineConfig:
     model: str = DEFAULT_MODEL
     dtype: str = "bfloat16"
-    device: str = "cpu"
+    device: str = "auto"  # "auto": cuda when torch sees a GPU, else cpu (as vLLM picks its platform)
     max_num_seqs: int = 64
     max_num_batched_tokens: int = SERVER_MAX_NUM_BATCHED_TOKENS
     max_model_len: int | None = None  # default: the model's context, capped at 4096
@@ -33,6 +47,7 @@ class EngineConfig:
 
     def __post_init__(self):
         self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
+        self.device = resolve_device(self.device)
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
             if getattr(self, name) < 1:
                 raise SpecServeError(f"{name} must be positive, got {getattr(self, name)}")

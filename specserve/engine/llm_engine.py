@@ -92,7 +92,7 @@ class LLMEngine:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
         ids = prompt_token_ids if prompt_token_ids is not None else self.prepare(prompt, params)
         seq = Sequence(request_id, ids, params, self.tokenizer.eos_token_ids,
-                       prompt if isinstance(prompt, str) else None, arrival_time)
+                       prompt if isinstance(prompt, str) else None, arrival_time, self.config.device)
         self.requests[request_id] = seq
         self.scheduler.add(seq)
         return request_id
@@ -225,10 +225,10 @@ class LLMEngine:
             padded_argmax = torch.tensor([argmax[rows[i][0]:rows[i][-1] + 1] + [0] * (k + 1 - len(rows[i]))
                                           for i in group], dtype=torch.long)  # [n, k + 1]
             draft_ids = torch.tensor([verify[i][1] + [0] * (k - len(verify[i][1])) for i in group],
-                                     dtype=torch.long).view(n, k)
+                                     dtype=torch.long, device=logits.device).view(n, k)
             p = q = None
             if not greedy:
-                p = torch.zeros(n, k + 1, logits.shape[-1])
+                p = logits.new_zeros(n, k + 1, logits.shape[-1])
                 for g, i in enumerate(group):
                     p[g, :len(rows[i])] = to_probs(logits[rows[i]], [verify[i][0].params] * len(rows[i]))
                 if draft_probs is not None and k:

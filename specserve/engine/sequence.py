@@ -49,7 +49,8 @@ class SpecStats:
 
 class Sequence:
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                 eos_token_ids: list[int], prompt: str | None = None, arrival_time: float | None = None):
+                 eos_token_ids: list[int], prompt: str | None = None, arrival_time: float | None = None,
+                 device: str = "cpu"):
         self.request_id = request_id
         self.prompt = prompt
         self.token_ids = list(prompt_token_ids)  # prompt followed by output
@@ -61,7 +62,8 @@ class Sequence:
         self.num_draft_computed = 0  # tokens whose draft-model KV is in the cache
         self.proposer_state = None   # the proposer's own per-request data (EAGLE: target features to read)
         self.draft_index = None      # which of several drafts serves this request (spec/router.py)
-        self.generator = None if params.greedy else torch.Generator()
+        # Sampled requests draw from their own generator, on the device whose probabilities it samples.
+        self.generator = None if params.greedy else torch.Generator(device)
         if self.generator is not None:
             self.generator.manual_seed(params.seed if params.seed is not None
                                        else int(torch.randint(2**62, ())))

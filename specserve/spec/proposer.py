@@ -66,7 +66,9 @@ class DraftModelProposer:
                  lookup: NgramProposer | None = None):
         self.runner = runner
         self.vocab_size = target_vocab_size
-        self.vocab_map = vocab_map  # [draft_vocab] target id of each draft head row, or None
+        # [draft_vocab] target id of each draft head row (on the draft's device, where q is scattered), or None
+        self.vocab_map = None if vocab_map is None else vocab_map.to(runner.device)
+        self.target_ids = None if vocab_map is None else vocab_map.tolist()
         self.lookup = lookup
 
     def propose(self, prefills: list[ScheduledSeq], decodes: list[ScheduledSeq], controller) -> Proposal:
@@ -90,7 +92,7 @@ class DraftModelProposer:
             drafting.append(i)
         sampled = [i for i, s in enumerate(decodes) if s.max_drafts and not s.seq.params.greedy]
         kmax = max((s.max_drafts for s in decodes), default=0)
-        probs = torch.zeros(n, kmax, self.vocab_size) if sampled else None
+        probs = torch.zeros(n, kmax, self.vocab_size, device=self.runner.device) if sampled else None
         for i in sampled:  # looked-up tokens are deterministic proposals: q is one-hot at each
             for j, token in enumerate(tokens[i]):
                 probs[i, j, token] = 1.0
@@ -140,7 +142,7 @@ class DraftModelProposer:
                     probs[i, step] = q
                 else:
                     probs[i, step].index_copy_(0, self.vocab_map, q)
-            tokens[i].append(local if self.vocab_map is None else int(self.vocab_map[local]))
+            tokens[i].append(local if self.target_ids is None else self.target_ids[local])
 
     def on_commit(self, seq, num_committed: int) -> None:
         # The draft cache holds the fed tokens; only those that were committed stay valid.

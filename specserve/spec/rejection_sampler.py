@@ -45,7 +45,7 @@ def rejection_sample(
             ids = draft_token_ids[i, :l, None]
             p_x = p[:l].gather(-1, ids)[:, 0]
             q_x = draft_probs[i, :l].gather(-1, ids)[:, 0] if draft_probs is not None else torch.ones_like(p_x)
-            u = torch.rand(l, generator=gen, dtype=p_x.dtype)
+            u = torch.rand(l, generator=gen, dtype=p_x.dtype, device=gen.device)
             accepted = (u * q_x < p_x).tolist()
             while n < l and accepted[n]:
                 n += 1

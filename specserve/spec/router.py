@@ -69,8 +69,8 @@ class RoutedProposer:
                 tokens[i], conf[i] = proposal.token_ids[row], proposal.confidences[row]
             if proposal.probs is not None:
                 if probs is None:
-                    probs = torch.zeros(n, max(s.max_drafts for s in decodes), proposal.probs.shape[-1])
-                probs[torch.tensor(mine, dtype=torch.long), :proposal.probs.shape[1]] = proposal.probs
+                    probs = proposal.probs.new_zeros(n, max(s.max_drafts for s in decodes), proposal.probs.shape[-1])
+                probs[torch.tensor(mine, dtype=torch.long, device=probs.device), :proposal.probs.shape[1]] = proposal.probs
         return Proposal(tokens, probs, conf, time.perf_counter() - t0)
 
     def observe_target(self, seq, start: int, rows: torch.Tensor) -> None:

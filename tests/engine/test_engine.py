@@ -127,3 +127,17 @@ def test_step_budget_default_depends_on_use(llm):
     assert parser.parse_args(["generate"]).max_num_batched_tokens == OFFLINE_MAX_NUM_BATCHED_TOKENS
     assert parser.parse_args(["serve"]).max_num_batched_tokens == SERVER_MAX_NUM_BATCHED_TOKENS
     assert parser.parse_args(["serve", "--max-num-batched-tokens", "64"]).max_num_batched_tokens == 64
+
+
+def test_device_defaults_to_cuda_when_present_and_bad_devices_are_clear_errors(tiny_target):
+    import torch
+
+    from specserve.engine.config import EngineConfig
+    from specserve.errors import SpecServeError
+    assert EngineConfig(model=str(tiny_target)).device == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert EngineConfig(model=str(tiny_target), device="cpu").device == "cpu"
+    with pytest.raises(SpecServeError, match="unknown device 'tpu0'"):
+        EngineConfig(model=str(tiny_target), device="tpu0")
+    if not torch.cuda.is_available():
+        with pytest.raises(SpecServeError, match="no CUDA GPU"):
+            EngineConfig(model=str(tiny_target), device="cuda")

@@ -31,9 +31,10 @@ def test_draft_rows_read_the_targets_hidden_state_of_the_previous_position(tiny_
         assert llm.engine.scheduler.num_preemptions > 0
     assert sum(o.spec["num_accepted_tokens"] for o in outs) > 50 and len(seen) > 100
     target = llm.engine.runner.model
+    device = target.embed_tokens.weight.device
     for tokens, first, rows in seen:
-        hidden = causal_forward(target, torch.tensor([tokens]))[0, :len(tokens) - 1]  # f_0 .. f_{L-2}
-        want = torch.cat([torch.zeros(1, hidden.shape[1]), hidden])  # f_{-1} = 0: the row of position 0
+        hidden = causal_forward(target, torch.tensor([tokens], device=device))[0, :len(tokens) - 1]  # f_0 .. f_{L-2}
+        want = torch.cat([hidden.new_zeros(1, hidden.shape[1]), hidden])  # f_{-1} = 0: the row of position 0
         assert len(rows) == len(tokens) - 1 - first  # rows for positions first .. L-2
         torch.testing.assert_close(rows, want[first + 1:], atol=1e-4, rtol=1e-4)
 

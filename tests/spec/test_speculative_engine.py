@@ -104,20 +104,20 @@ def exact_marginals(llm, prompt, params):
     from specserve.engine.sampler import to_probs
     from specserve.model.attention import AttentionMetadata, allocate_kv_cache
     model = llm.engine.runner.model
-    c = model.config
+    c, device = model.config, model.embed_tokens.weight.device
     vocab = c.vocab_size
     seqs = [prompt] + [prompt + [x] for x in range(vocab)]
     per = len(prompt) // 16 + 1  # blocks per sequence
     cache = allocate_kv_cache(c.num_hidden_layers, len(seqs) * per, 16, c.num_key_value_heads, c.head_dim,
-                              torch.float32)
+                              torch.float32, device)
     meta = AttentionMetadata.build([len(s) for s in seqs], [len(s) for s in seqs],
-                                   [list(range(per * i, per * i + per)) for i in range(len(seqs))], 16)
+                                   [list(range(per * i, per * i + per)) for i in range(len(seqs))], 16, device)
     with torch.no_grad():
-        h = model(torch.tensor([t for s in seqs for t in s]), meta, cache)
-        ends = torch.tensor([len(s) for s in seqs]).cumsum(0) - 1
+        h = model(torch.tensor([t for s in seqs for t in s], device=device), meta, cache)
+        ends = torch.tensor([len(s) for s in seqs], device=device).cumsum(0) - 1
         probs = to_probs(model.compute_logits(h[ends]), [params] * len(seqs))
     p1 = probs[0]
-    return p1, p1 @ probs[1:]
+    return p1.cpu(), (p1 @ probs[1:]).cpu()
 
 
 @pytest.mark.parametrize("draft,ngram_first", [("tiny_far_draft", False), ("tiny_far_draft", True),
