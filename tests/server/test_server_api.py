@@ -45,9 +45,11 @@ def greedy(reference, prompts, max_tokens, **kw):
     return outs[0] if one else outs
 
 
-def test_startup_line_names_url_model_draft_and_kv_capacity(spec_server, tiny_draft):
+def test_startup_line_names_url_model_device_draft_and_kv_capacity(spec_server, tiny_draft):
+    import torch
     line = next(l for l in spec_server.log.splitlines() if "specserve serving" in l)
     assert spec_server.base_url in line and f"draft {tiny_draft} (k=3)" in line
+    assert f"| {'cuda' if torch.cuda.is_available() else 'cpu'} float32 |" in line
     assert "model " in line and "KV cache " in line and " tokens (" in line
 
 
