@@ -42,8 +42,8 @@ def describe(engine: AsyncLLMEngine, url: str) -> str:
         model = "+".join(spec.model) if isinstance(spec.model, list) else spec.model
         draft = f"{model if spec.method == 'draft_model' else spec.method} (k={spec.num_speculative_tokens})"
     kv = sched.blocks.num_blocks * sched.blocks.block_size
-    return (f"specserve serving {url}/v1 | model {cfg.model} | {cfg.device} {cfg.dtype} | draft {draft} | KV cache {kv} tokens "
-            f"({sched.blocks.num_blocks} blocks) | max_model_len {engine.engine.max_model_len} | "
+    return (f"specserve serving {url}/v1 | model {cfg.model} | {cfg.device} {cfg.dtype} | draft {draft} | "
+            f"KV cache {kv} tokens ({sched.blocks.num_blocks} blocks) | max_model_len {engine.engine.max_model_len} | "
             f"max_num_seqs {cfg.max_num_seqs}")
 
 
