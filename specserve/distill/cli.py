@@ -58,7 +58,7 @@ def register(subparsers) -> None:
                    help="build the data and the whole teacher cache in --work, then stop without training "
                         "(the same command without it then trains on the cached teacher)")
     p.add_argument("--threads", type=int, help="torch CPU threads")
-    p.add_argument("--device", default="auto", help="auto (cuda if torch sees a GPU, else cpu), cpu or cuda[:N]")
+    p.add_argument("--device", help="auto (the default: cuda if torch sees a GPU, else cpu), cpu or cuda[:N]")
     p.set_defaults(func=_run)
 
 
@@ -84,8 +84,7 @@ def _command(args: argparse.Namespace) -> str:
     # Options the method ignores: an EAGLE draft's shape is the target's; only EAGLE unrolls draft steps.
     unused = ("hidden", "embedding_rank", "topk") if args.method == "eagle" else ("ttt_steps", "kl_weight")
     for key, value in vars(args).items():
-        if (key in ("func", "command", "resume", "prepare_only", *unused) or value is None or value is False
-                or (key == "device" and value == "auto")):
+        if key in ("func", "command", "resume", "prepare_only", *unused) or value is None or value is False:
             continue
         flag = "--" + key.replace("_", "-")
         parts += [flag, *map(str, value)] if isinstance(value, list) else [flag] if value is True else [flag, str(value)]
@@ -117,7 +116,8 @@ def _run(args: argparse.Namespace) -> int:
                         continuations=args.continuations,
                         max_reply_tokens=args.reply_tokens, train=tcfg,
                         ttt_steps=args.ttt_steps, kl_weight=args.kl_weight, resume=args.resume,
-                        prepare_only=args.prepare_only, device=args.device, command=_command(args))
+                        prepare_only=args.prepare_only, device=args.device or "auto",
+                        command=_command(args))
     with ProgressBar() as bar:
         run(cfg, log=bar.log, progress_cb=bar.update)
     return 0

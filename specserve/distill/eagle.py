@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from specserve.distill.student import bf16_autocast, causal_forward, init_small
+from specserve.distill.teacher import shard_to
 from specserve.model.config import ModelConfig
 from specserve.model.llama import LlamaModel
 
@@ -82,7 +83,7 @@ class EagleObjective:
         if passes < 1:
             raise ValueError(f"passes must be >= 1, got {passes}")
         # tokens, features, and the target's full-vocabulary argmax ("argmax"), on the draft's device
-        self.eval_shard = {k: v.to(device) for k, v in (eval_shard or {}).items()}
+        self.eval_shard = shard_to(eval_shard or {}, device)
         self.passes, self.reg_weight, self.cls_weight, self.noise = passes, reg_weight, cls_weight, noise
 
     def loss(self, model: LlamaModel, batch: dict) -> tuple[torch.Tensor, dict]:

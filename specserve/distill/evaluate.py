@@ -74,12 +74,12 @@ def teacher_forced_agreement(target, draft, vocab_map, sequences: list[list[int]
 
     from specserve.distill.eagle import draft_passes, previous_features, target_argmax
     from specserve.distill.student import bf16_autocast
-    from specserve.distill.teacher import PAD, teach_features
+    from specserve.distill.teacher import PAD, shard_to, teach_features
     windows = np.full((len(sequences), max(map(len, sequences))), PAD, dtype=np.int64)
     for i, seq in enumerate(sequences):
         windows[i, :len(seq)] = seq
     device = draft.lm_head.weight.device
-    shard = {k: v.to(device) for k, v in teach_features(target, windows).items()}
+    shard = shard_to(teach_features(target, windows), device)
     greedy = target_argmax(target, shard)                    # [N, T] target's next token after position j
     hits, totals = {"prompt": 0, "reply": 0}, {"prompt": 0, "reply": 0}
     with torch.no_grad(), bf16_autocast(shard["features"]):

@@ -60,6 +60,11 @@ def teach_features(target, windows: np.ndarray, chunk: int = 16) -> dict[str, to
     return {"tokens": ids_all.int(), "features": torch.cat(feats)}
 
 
+def shard_to(shard: dict[str, torch.Tensor], device) -> dict[str, torch.Tensor]:
+    """A shard (or a batch of one) on `device`: the cache lives in host memory, the draft may train elsewhere."""
+    return {key: value.to(device) for key, value in shard.items()}
+
+
 class TeacherCache:
     """Shard i holds the teacher's outputs for windows [i * shard_size, (i + 1) * shard_size):
     `teach_fn(rows)` -> dict with at least "tokens" (e.g. `teach` or `teach_features` bound to a target)."""

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from specserve.distill.student import bf16_autocast, causal_forward
-from specserve.distill.teacher import PAD, TeacherCache
+from specserve.distill.teacher import PAD, TeacherCache, shard_to
 
 
 @dataclass
@@ -82,7 +82,7 @@ class DistillObjective:
 
     def __init__(self, eval_shard: dict, vocab_size: int, vocab_map: torch.Tensor | None, ce_weight: float,
                  device: str = "cpu"):
-        self.eval_shard = {k: v.to(device) for k, v in eval_shard.items()}
+        self.eval_shard = shard_to(eval_shard, device)
         self.ce_weight = ce_weight
         self.to_draft = torch.full((vocab_size,), -1, dtype=torch.long)  # target id -> draft head row
         rows = vocab_map if vocab_map is not None else torch.arange(vocab_size)
@@ -164,7 +164,7 @@ def train(model, vocab_map, cache: TeacherCache, objective, cfg: TrainConfig, wo
 
     while progress() < 1.0:
         shard = cache.get(int(order[(step // cfg.echo) % len(order)]))
-        batch = {k: v.to(device) for k, v in similar_length_batch(shard, cfg.batch).items()}
+        batch = shard_to(similar_length_batch(shard, cfg.batch), device)
         lr = lr_at(cfg, progress())
         for group in opt.param_groups:
             group["lr"] = lr
