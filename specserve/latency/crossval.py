@@ -39,12 +39,15 @@ def observed_predicted(model: LatencyModel, run: BenchRun) -> dict[str, tuple[fl
 
 
 def summarize(pairs: Sequence[dict[str, tuple[float, float]]]) -> dict[str, dict[str, float]]:
-    """{target: {"mape": percent, "n": count}}; a saturated prediction counts as an infinite error."""
+    """{target: {"mape": percent, "bias": percent, "n": count}}; bias is the mean signed error (negative:
+    predicted too low), which tells a systematic miss (|bias| near the MAPE) from scatter around the
+    prediction (bias near 0). A saturated prediction counts as an infinite error."""
     errors: dict[str, list[float]] = defaultdict(list)
     for pair in pairs:
         for target, (obs, pred) in pair.items():
-            errors[target].append(math.inf if math.isinf(pred) else abs(pred - obs) / obs * 100.0)
-    return {t: {"mape": sum(errors[t]) / len(errors[t]), "n": len(errors[t])} for t in TARGETS if errors[t]}
+            errors[target].append(math.inf if math.isinf(pred) else (pred - obs) / obs * 100.0)
+    return {t: {"mape": sum(map(abs, errors[t])) / len(errors[t]), "bias": sum(errors[t]) / len(errors[t]),
+                "n": len(errors[t])} for t in TARGETS if errors[t]}
 
 
 def standard_error(runs: Sequence[BenchRun], noise_std: Mapping[str, float] | None = None) -> float | None:

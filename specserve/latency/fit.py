@@ -41,7 +41,7 @@ class FitReport:
     model: LatencyModel
     excluded: list[dict]
     notes: list[str]
-    quality: dict  # target -> {"mape", "n"}, in-sample through the full model
+    quality: dict  # target -> {"mape", "bias", "n"}, in-sample through the full model
     cross_validation: dict  # "rate" / "configuration" / "k" -> cross_validate() result
     sources: list[str]
 

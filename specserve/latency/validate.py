@@ -19,6 +19,8 @@ TITLES = {"rate": "Held-out rates (leave one rate out)",
 # The measurement's own noise beside the model's error: the held-out runs' standard error of mean E2E
 # (from the spread their requests' own output lengths do not explain, where per-request rows exist).
 SE_COLUMN = "E2E noise (SE)"
+# The mean signed E2E error (crossval.summarize): near the MAPE in size, the model misses one way.
+BIAS_COLUMN = "E2E bias"
 # With several results files of one sweep design: the error at each design point's average over the
 # repeats, and the repeats' own scatter (crossval.repeats), which also counts drift between runs.
 REPEAT_COLUMNS = ("E2E MAPE, repeats averaged", "repeat noise")
@@ -43,8 +45,13 @@ def _percent(value: float | None) -> str:
     return "inf" if math.isinf(value) else f"{value:.2f}%"
 
 
-def _cell(mape: dict, key: str) -> str:
-    return _percent(mape.get(key, {}).get("mape"))
+def _cell(mape: dict, key: str, stat: str = "mape") -> str:
+    return _percent(mape.get(key, {}).get(stat))
+
+
+def _signed(mape: dict) -> str:
+    text = _cell(mape, "e2e", "bias")
+    return text if text in ("-", "inf") or text.startswith("-") else "+" + text
 
 
 def _repeat_cells(row: dict) -> list[str]:
@@ -53,18 +60,18 @@ def _repeat_cells(row: dict) -> list[str]:
 
 
 def header(result: dict) -> list[str]:
-    return (["held out", "runs"] + [name + " MAPE" for _, name in COLUMNS] + [SE_COLUMN]
+    return (["held out", "runs"] + [name + " MAPE" for _, name in COLUMNS] + [BIAS_COLUMN, SE_COLUMN]
             + (list(REPEAT_COLUMNS) if result.get("repeats") else []))
 
 
 def rows(result: dict) -> list[list[str]]:
     """Table rows: one per held-out group, then the overall row."""
     extra = _repeat_cells if result.get("repeats") else (lambda row: [])
-    out = [[g["held_out"], str(g["n"])] + [_cell(g["mape"], key) for key, _ in COLUMNS] + [_percent(g.get("e2e_se"))]
-           + extra(g) for g in result["groups"]]
+    out = [[g["held_out"], str(g["n"])] + [_cell(g["mape"], key) for key, _ in COLUMNS]
+           + [_signed(g["mape"]), _percent(g.get("e2e_se"))] + extra(g) for g in result["groups"]]
     n = sum(g["n"] for g in result["groups"])
     out.append(["all held-out points", str(n)] + [_cell(result["overall"], key) for key, _ in COLUMNS]
-               + [_percent(result.get("e2e_se"))] + extra(result))
+               + [_signed(result["overall"]), _percent(result.get("e2e_se"))] + extra(result))
     return out
 
 

@@ -6,9 +6,9 @@ import pytest
 
 from specserve.cli import main
 from specserve.latency import model_file
-from specserve.latency.crossval import standard_error
+from specserve.latency.crossval import standard_error, summarize
 from specserve.latency.runs import load_runs
-from specserve.latency.validate import GOALS, SE_COLUMN, markdown, render
+from specserve.latency.validate import BIAS_COLUMN, GOALS, SE_COLUMN, markdown, render
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +103,7 @@ def test_validate_tables(fitted, sweep_file, tmp_path, capsys):
     assert text.count("| rate #") == 8 and "| k6 (k=6) |" in text
     assert f"goal: mean E2E MAPE <= {GOALS['rate']:g}%: met" in text
     assert f"goal: mean E2E MAPE <= {GOALS['configuration']:g}%: met" in text
-    assert SE_COLUMN in text
+    assert SE_COLUMN in text and BIAS_COLUMN in text
     from rich.console import Console
 
     console = Console(record=True, width=140)
@@ -113,6 +113,17 @@ def test_validate_tables(fitted, sweep_file, tmp_path, capsys):
     md = tmp_path / "v.md"
     assert main(["latency", "validate", str(sweep_file), "--markdown", str(md)]) == 0
     assert md.read_text() == text
+
+
+@pytest.mark.parametrize("pairs, mape, bias", [
+    ([(10.0, 11.0), (10.0, 8.0)], 15.0, -5.0),       # scatter: errors of both signs, bias smaller than MAPE
+    ([(10.0, 9.0), (20.0, 18.0)], 10.0, -10.0),      # a systematic miss: |bias| equals the MAPE
+    ([(4.0, 5.0)], 25.0, 25.0),
+    ([(4.0, 5.0), (4.0, float("inf"))], float("inf"), float("inf")),  # a saturated prediction
+])
+def test_summary_reports_mape_and_signed_bias(pairs, mape, bias):
+    summary = summarize([{"e2e": pair} for pair in pairs])["e2e"]
+    assert summary == {"mape": pytest.approx(mape), "bias": pytest.approx(bias), "n": len(pairs)}
 
 
 def test_noise_column_is_each_run_means_standard_error(sweep_file):
