@@ -45,13 +45,13 @@ def _percent(value: float | None) -> str:
     return "inf" if math.isinf(value) else f"{value:.2f}%"
 
 
-def _cell(mape: dict, key: str, stat: str = "mape") -> str:
-    return _percent(mape.get(key, {}).get(stat))
+def _cell(mape: dict, key: str) -> str:
+    return _percent(mape.get(key, {}).get("mape"))
 
 
 def _signed(mape: dict) -> str:
-    text = _cell(mape, "e2e", "bias")
-    return text if text in ("-", "inf") or text.startswith("-") else "+" + text
+    bias = mape.get("e2e", {}).get("bias")
+    return _percent(bias) if bias is None or math.isinf(bias) else f"{bias:+.2f}%"
 
 
 def _repeat_cells(row: dict) -> list[str]:
