@@ -46,7 +46,6 @@ def greedy(reference, prompts, max_tokens, **kw):
 
 
 def test_startup_line_names_url_model_device_draft_and_kv_capacity(spec_server, tiny_draft):
-    import torch
     line = next(l for l in spec_server.log.splitlines() if "specserve serving" in l)
     assert spec_server.base_url in line and f"draft {tiny_draft} (k=3)" in line
     assert f"| {'cuda' if torch.cuda.is_available() else 'cpu'} float32 |" in line
