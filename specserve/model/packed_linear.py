@@ -12,6 +12,11 @@ import torch
 from torch import nn
 
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
+# oneDNN picks a slower kernel for 1-2 input rows than for 3 (memory-bound shapes, so the padding rows are
+# nearly free): padding to 3 made a target forward over 2 rows -- a k = 1 verify, a batch-2 decode --
+# 29.4 -> 26.1 ms and one over 1 row 26.2 -> 25.4 ms, with bit-identical logits
+# (`python bench/forward_cost.py --compare-unpadded`, docs/latency.md attempt 17).
+MIN_ROWS = 3
 
 
 def can_pack(weight: torch.Tensor) -> bool:
@@ -29,7 +34,14 @@ class PackedLinear(nn.Module):
         self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), 1)
         self.bias = None if linear.bias is None else linear.bias.detach()
 
+    min_rows = MIN_ROWS  # a class attribute, so the benchmark can compare against 1 (no padding)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [N, in_features] (or [..., in_features]) -> [N, out_features]."""
+        rows = x.shape[0]
+        if x.dim() == 2 and rows < self.min_rows:
+            padded = torch.cat([x, x.new_zeros(self.min_rows - rows, x.shape[1])])
+            return torch.ops.mkldnn._linear_pointwise(padded, self.packed, self.bias, "none", [], "")[:rows]
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 

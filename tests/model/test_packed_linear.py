@@ -9,7 +9,7 @@ pytestmark = pytest.mark.skipif(not can_pack(torch.zeros(1, dtype=torch.bfloat16
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 0.0), (torch.float32, 1e-4)])
-@pytest.mark.parametrize("rows", [1, 5, 32, 300])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 32, 300])
 @pytest.mark.parametrize("bias", [False, True])
 def test_packed_linear_matches_f_linear(dtype, tol, rows, bias):
     torch.manual_seed(0)
@@ -19,6 +19,18 @@ def test_packed_linear_matches_f_linear(dtype, tol, rows, bias):
     got = PackedLinear(linear)(x)
     assert got.dtype == dtype and got.shape == expected.shape
     assert (got.float() - expected.float()).abs().max().item() <= tol
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+def test_padding_small_inputs_keeps_each_row(rows):
+    # The padded rows must not leak into the result, and a row's output must not depend on the padding.
+    torch.manual_seed(0)
+    packed = PackedLinear(nn.Linear(96, 200, bias=True).to(torch.bfloat16))
+    x = torch.randn(rows, 96, dtype=torch.bfloat16)
+    got = packed(x)
+    assert got.shape == (rows, 200)
+    together = packed(torch.cat([x, torch.randn(4, 96, dtype=torch.bfloat16)]))[:rows]
+    assert torch.equal(got, together)
 
 
 def test_pack_linears_replaces_every_linear_and_keeps_outputs():
