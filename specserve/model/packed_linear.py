@@ -27,6 +27,8 @@ def can_pack(weight: torch.Tensor) -> bool:
 class PackedLinear(nn.Module):
     """Inference-only replacement of an nn.Linear (no autograd through the packed weight)."""
 
+    min_rows = MIN_ROWS  # a class attribute, so bench/forward_cost.py can compare against 1 (no padding)
+
     def __init__(self, linear: nn.Linear):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
@@ -34,10 +36,8 @@ class PackedLinear(nn.Module):
         self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), 1)
         self.bias = None if linear.bias is None else linear.bias.detach()
 
-    min_rows = MIN_ROWS  # a class attribute, so the benchmark can compare against 1 (no padding)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [N, in_features] (or [..., in_features]) -> [N, out_features]."""
+        """x: [..., in_features] -> [..., out_features]; a 2-D x of fewer than min_rows rows is padded."""
         rows = x.shape[0]
         if x.dim() == 2 and rows < self.min_rows:
             padded = torch.cat([x, x.new_zeros(self.min_rows - rows, x.shape[1])])
