@@ -20,11 +20,14 @@ Arrivals are regular by default (Gamma gaps with CV --burstiness 0.25, not Poiss
 few dozen requests Poisson burstiness alone moves a high-load run's mean E2E by tens of percent, which is
 measurement noise, not model error. The results record the CV and the fit counts the company such
 arrivals give a request (docs/latency.md, Arrival regularity). `--burstiness 1` gives Poisson arrivals.
+`--interleave` starts all five servers first and runs rounds of every configuration, each at a rate from
+its own shuffled list, instead of one ~18-minute block per configuration: the machine's speed drifts by
+several percent over an hour, and in blocks that drift offsets whole configurations (docs/latency.md).
 Running the same command into several --out folders and validating their results files together
 (`specserve latency validate A/fixed.jsonl B/fixed.jsonl ...`) treats them as repeats: each held-out
 point is also scored at the average of its repeats, beside the repeats' own scatter.
 
-    python bench/latency_validation.py [--out runs/latency] [--workloads fixed,azure] [--ks 1,2,4,6]
+    python bench/latency_validation.py [--out runs/latency] [--workloads fixed,azure] [--ks 1,2,4,6] [--interleave]
 """
 from __future__ import annotations
 
@@ -59,21 +62,24 @@ def main() -> None:
     # two torch threads on two cores every SSE chunk preempts a matmul thread and step times jitter
     # (torch's threads stall while one is descheduled), which swamps the load signal.
     p.add_argument("--threads", type=int, default=1, help="server torch threads (leave a core for the rest)")
-    p.add_argument("--port", type=int, default=8123)
+    p.add_argument("--interleave", action="store_true",
+                   help="all servers up at once, rounds of every configuration at shuffled rates")
+    p.add_argument("--port", type=int, default=8123, help="the first configuration's port; the next ones count up")
     p.add_argument("--max-model-len", type=int, default=1024)
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     from specserve.model.registry import fetch
     tokenizer = str(fetch("smollm2-135m"))
-    serve = (f"{sys.executable} -m specserve serve --port {args.port} --num-threads {args.threads} "
+    serve = (f"{sys.executable} -m specserve serve --num-threads {args.threads} "
              f"--max-model-len {args.max_model_len} --disable-access-log")
     configs = [{"label": "no-sd", "k": 0, "launch": f"{serve} --speculative-config none"}]
     for k in [int(x) for x in args.ks.split(",")]:
         spec = json.dumps({"model": args.draft, "num_speculative_tokens": k}).replace(" ", "")
         configs.append({"label": f"k{k}", "k": k, "launch": f"{serve} --speculative-config {shlex.quote(spec)}"})
-    for c in configs:
-        c["base_url"] = f"http://127.0.0.1:{args.port}"
+    for n, c in enumerate(configs):
+        c["base_url"] = f"http://127.0.0.1:{args.port + n}"
+        c["launch"] += f" --port {args.port + n}"
     config_file = out / "configs.json"
     config_file.write_text(json.dumps(configs, indent=2))
     for workload in args.workloads.split(","):
@@ -85,7 +91,8 @@ def main() -> None:
                   "--duration", str(args.duration),
                   "--discard-first", str(args.discard_first), "--burstiness", str(args.burstiness),
                   "--tokenizer", tokenizer, "--no-progress",
-                  "--results", str(results), "--log-dir", str(out / "server_logs"), *lengths)
+                  "--results", str(results), "--log-dir", str(out / "server_logs"), *lengths,
+                  *(["--interleave"] if args.interleave else []))
         table = out / f"{workload}_validation.md"
         specserve("latency", "validate", str(results), "--markdown", str(table))
         print(table.read_text())

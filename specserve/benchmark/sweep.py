@@ -3,12 +3,20 @@
 Rates are given, or are fractions of a saturation rate measured first with a burst of requests. A
 configuration may carry a `launch` command: the sweep then starts that server, waits until it answers
 /v1/models, measures it and stops it, so configurations that need different server flags run unattended.
+
+By default each configuration runs all its rates in one block. `interleave=True` starts every server first
+(each on its own URL; an idle server costs almost no CPU) and runs rounds in which every configuration
+appears once, at a rate drawn from its own shuffled list: a machine whose speed drifts during the sweep
+then spreads the drift over every configuration and rate as noise, instead of offsetting whichever
+configuration held the machine during a slow spell (docs/latency.md, attempt 18).
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import random
 import shlex
 import signal
 import subprocess
@@ -44,6 +52,8 @@ class SweepPlan:
     per_config_saturation: bool = False
     scale_trace: bool = False   # replay the trace, time-scaled to each rate, instead of Poisson/Gamma
     log_dir: Path = field(default_factory=Path)
+    interleave: bool = False    # rounds of every configuration instead of one block per configuration
+    seed: int = 0               # the interleaved order's shuffle
 
 
 def parse_config_arg(text: str, defaults: Target) -> Config:
@@ -157,37 +167,73 @@ def _spec_at_rate(spec: WorkloadSpec, rate: float, scale_trace: bool) -> Workloa
     return replace(spec, request_rate=None, max_concurrency=None, time_scale=scale, duration_s=wall_s / scale)
 
 
+def interleaved_order(n_configs: int, n_rates: int, seed: int) -> list[tuple[int, int]]:
+    """(configuration, rate index) pairs: n_rates rounds, each configuration once per round in a shuffled
+    order, each configuration's rates in its own shuffled order (so rate is not tied to time either)."""
+    rng = random.Random(seed)
+    rates_of = [rng.sample(range(n_rates), n_rates) for _ in range(n_configs)]
+    order = []
+    for rnd in range(n_rates):
+        order += [(c, rates_of[c][rnd]) for c in rng.sample(range(n_configs), n_configs)]
+    return order
+
+
 async def run_sweep(plan: SweepPlan, spec: WorkloadSpec, opts: RunOptions, results_path: str,
                     on_record=None) -> list[dict]:
-    records = []
-    shared_saturation = None
     if plan.scale_trace and spec.trace is None:   # the saturation burst must use the trace's lengths too
         spec = replace(spec, trace=DEFAULT_TRACE)
-    for index, config in enumerate(plan.configs):
-        launched = LaunchedServer(config, plan.log_dir) if config.launch else None
-        if launched:
-            await launched.__aenter__()
-        try:
-            rates, saturation = plan.rates, None
-            if plan.fractions:
-                if plan.per_config_saturation or shared_saturation is None:
-                    saturation = await measure_saturation(config.target, spec, opts,
-                                                          plan.saturation_requests)
-                    if shared_saturation is None:
-                        shared_saturation = saturation
-                saturation = saturation if plan.per_config_saturation else shared_saturation
-                rates = [f * saturation for f in plan.fractions]
-            for i, rate in enumerate(rates):
-                info = {"index": i, "config_index": index, "rate": rate}
-                if saturation is not None:
-                    info.update(saturation_rate=saturation, fraction=plan.fractions[i])
-                record, rows = await run_once(config.target, _spec_at_rate(spec, rate, plan.scale_trace),
-                                              opts, sweep_info=info)
-                append_run(results_path, record, rows)
-                records.append(record)
-                if on_record:
-                    on_record(record)
-        finally:
-            if launched:
-                await launched.__aexit__()
-    return records
+    if plan.interleave:
+        launched = [c.target.base_url for c in plan.configs if c.launch]
+        if len(set(launched)) < len(launched):
+            raise SpecServeError("an interleaved sweep keeps every launched server up at once: "
+                                 "give each configuration its own base_url (port)")
+    sweep = _Sweep(plan, spec, opts, results_path, on_record)
+    async with contextlib.AsyncExitStack() as stack:
+        if plan.interleave:
+            rates = [await sweep.start(stack, config) for config in plan.configs]
+            for c, i in interleaved_order(len(plan.configs), len(rates[0][0]), plan.seed):
+                await sweep.run(c, i, *rates[c])
+        else:
+            for c, config in enumerate(plan.configs):
+                async with contextlib.AsyncExitStack() as block:
+                    config_rates, saturation = await sweep.start(block, config)
+                    for i in range(len(config_rates)):
+                        await sweep.run(c, i, config_rates, saturation)
+    return sweep.records
+
+
+class _Sweep:
+    """The sweep's state: servers to start, saturation rates measured, runs appended to the results file."""
+
+    def __init__(self, plan: SweepPlan, spec: WorkloadSpec, opts: RunOptions, results_path: str, on_record):
+        self.plan, self.spec, self.opts, self.results_path = plan, spec, opts, results_path
+        self.on_record = on_record
+        self.shared_saturation: float | None = None
+        self.records: list[dict] = []
+
+    async def start(self, stack: contextlib.AsyncExitStack, config: Config) -> tuple[list[float], float | None]:
+        """Launch the configuration's server (if it has a launch command) into `stack`; its rates."""
+        plan = self.plan
+        if config.launch:
+            await stack.enter_async_context(LaunchedServer(config, plan.log_dir))
+        if not plan.fractions:
+            return plan.rates, None
+        if plan.per_config_saturation or self.shared_saturation is None:
+            saturation = await measure_saturation(config.target, self.spec, self.opts, plan.saturation_requests)
+            self.shared_saturation = self.shared_saturation or saturation
+        if not plan.per_config_saturation:
+            saturation = self.shared_saturation
+        return [f * saturation for f in plan.fractions], saturation
+
+    async def run(self, c: int, i: int, rates: list[float], saturation: float | None) -> None:
+        """Configuration c at its i-th rate."""
+        info = {"index": i, "config_index": c, "rate": rates[i]}
+        if saturation is not None:
+            info.update(saturation_rate=saturation, fraction=self.plan.fractions[i])
+        record, rows = await run_once(self.plan.configs[c].target,
+                                      _spec_at_rate(self.spec, rates[i], self.plan.scale_trace),
+                                      self.opts, sweep_info=info)
+        append_run(self.results_path, record, rows)
+        self.records.append(record)
+        if self.on_record:
+            self.on_record(record)

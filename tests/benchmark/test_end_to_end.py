@@ -192,6 +192,67 @@ def test_sweep_launches_and_stops_each_server(tmp_path):
         pytest.fail("launched server still answering after the sweep")
 
 
+@pytest.mark.parametrize("n_configs,n_rates,seed", [(5, 8, 0), (2, 3, 1), (1, 4, 2), (3, 1, 0)])
+def test_interleaved_order_is_rounds_of_every_configuration(n_configs, n_rates, seed):
+    from specserve.benchmark.sweep import interleaved_order
+
+    order = interleaved_order(n_configs, n_rates, seed)
+    assert order == interleaved_order(n_configs, n_rates, seed)          # the seed fixes it
+    rounds = [order[r * n_configs:(r + 1) * n_configs] for r in range(n_rates)]
+    assert all(sorted(c for c, _ in rnd) == list(range(n_configs)) for rnd in rounds)
+    for c in range(n_configs):
+        assert sorted(i for cc, i in order if cc == c) == list(range(n_rates))
+
+
+def test_interleaved_order_shuffles_rates_and_configurations():
+    from specserve.benchmark.sweep import interleaved_order
+
+    order = interleaved_order(5, 8, 0)
+    rates_in_time = [[i for c, i in order if c == cc] for cc in range(5)]
+    assert rates_in_time[0] != list(range(8)) and len({tuple(r) for r in rates_in_time}) == 5
+    assert len({tuple(c for c, _ in order[r * 5:(r + 1) * 5]) for r in range(8)}) > 1
+    assert interleaved_order(5, 8, 1) != order
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_interleaved_sweep_keeps_every_server_up_and_mixes_configurations(tmp_path):
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).with_name("fake_server.py")
+    ports = [_free_port(), _free_port()]
+    configs = tmp_path / "configs.json"
+    configs.write_text(json.dumps([{"label": f"c{n}", "base_url": f"http://127.0.0.1:{port}",
+                                    "launch": f"{sys.executable} {script} {port}", "ready_timeout_s": 60}
+                                   for n, port in enumerate(ports)]))
+    results = tmp_path / "r.jsonl"
+    rc = main(["bench", "sweep", "--configs", str(configs), "--rates", "20,30,40", "--max-requests", "3",
+               "--output-len", "2", "--input-len", "5", "--results", str(results), "--no-progress",
+               "--log-dir", str(tmp_path / "logs"), "--warmup-requests", "0", "--interleave", "--seed", "3"])
+    assert rc == 0
+    runs = read_runs(results)
+    from specserve.benchmark.sweep import interleaved_order
+
+    expected = [(f"c{c}", [20, 30, 40][i]) for c, i in interleaved_order(2, 3, 3)]
+    assert [(r["label"], r["offered_rate"]) for r in runs] == expected
+    assert all(r["num_completed"] == 3 and r["sweep"]["index"] == [20, 30, 40].index(r["offered_rate"])
+               for r in runs)
+
+
+def test_interleaved_sweep_needs_a_port_per_launched_server(tmp_path, capsys):
+    configs = tmp_path / "configs.json"
+    configs.write_text(json.dumps([{"label": f"c{n}", "base_url": "http://127.0.0.1:9", "launch": "true"}
+                                   for n in range(2)]))
+    rc = main(["bench", "sweep", "--configs", str(configs), "--rates", "1", "--interleave", "--no-progress",
+               "--input-len", "5", "--results", str(tmp_path / "r.jsonl")])
+    assert rc == 2 and "own base_url" in capsys.readouterr().err
+
+
 def test_request_timeout_bounds_a_stalled_request(tmp_path):
     with FakeServer(Script(ttft_s=1.0, itl_s=0.01)) as srv:
         results = tmp_path / "r.jsonl"
