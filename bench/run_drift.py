@@ -1,12 +1,13 @@
 """Which runs of a sweep ran slow, and when: the machine's speed drift read from the runs themselves.
 
 Each run's mean E2E is compared with its configuration's line E2E = C1 + C2 * company, least squares
-over that configuration's runs, where company is what the latency model charges a request for (the others
-in flight over its lifetime, `specserve.latency.arrivals.company`) at the run's *measured* load (its mean
-in-flight count, λ·L by Little's law) and arrival CV. The measured load already carries the run's
-queueing, so what a run leaves off its line is the machine's speed at the time (plus the line's misfit). Runs are listed in start order; the summary averages the residuals by sixths of
-the sweep's duration and by rate fraction. In an interleaved sweep (`bench sweep --interleave`) every
-sixth holds every configuration, so a time trend there is drift, not a configuration's offset.
+over that configuration's runs, where company is what the latency model charges a request for (the
+others in flight over its lifetime, `specserve.latency.arrivals.company`) at the run's *measured* load
+(its mean in-flight count, λ·L by Little's law) and arrival CV. The measured load already carries the
+run's queueing, so what a run leaves off its line is the machine's speed at the time (plus the line's
+misfit). Runs are listed in start order; the summary averages the residuals by sixths of the sweep's
+duration and by rate fraction. In an interleaved sweep (`bench sweep --interleave`) every sixth holds
+every configuration, so a time trend there is drift, not a configuration's offset.
 
     python bench/run_drift.py runs/latency16/fixed.jsonl [--quiet]
 """
@@ -63,7 +64,8 @@ def main() -> None:
     args = p.parse_args()
     rows = residuals(read_runs(args.results))
     if not args.quiet:
-        print("| start | config | rate fraction | mean in flight | mean E2E (s) | off its line |\n|---|---|---|---|---|---|")
+        print("| start | config | rate fraction | mean in flight | mean E2E (s) | off its line |\n"
+              "|---|---|---|---|---|---|")
         for r, res in rows:
             print(f"| {r['started_at'][11:19]} | {r['label']} | {r.get('sweep', {}).get('fraction', '-')} | "
                   f"{r['mean_in_flight']:.2f} | {r['e2e_s']['mean']:.2f} | {res:+.1f} % |")
