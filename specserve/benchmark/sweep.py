@@ -188,17 +188,17 @@ async def run_sweep(plan: SweepPlan, spec: WorkloadSpec, opts: RunOptions, resul
             raise SpecServeError("an interleaved sweep keeps every launched server up at once: "
                                  "give each configuration its own base_url (port)")
     sweep = _Sweep(plan, spec, opts, results_path, on_record)
-    async with contextlib.AsyncExitStack() as stack:
-        if plan.interleave:
-            rates = [await sweep.start(stack, config) for config in plan.configs]
+    if plan.interleave:
+        async with contextlib.AsyncExitStack() as servers:
+            rates = [await sweep.start(servers, config) for config in plan.configs]
             for c, i in interleaved_order(len(plan.configs), len(rates[0][0]), plan.seed):
                 await sweep.run(c, i, *rates[c])
-        else:
-            for c, config in enumerate(plan.configs):
-                async with contextlib.AsyncExitStack() as block:
-                    config_rates, saturation = await sweep.start(block, config)
-                    for i in range(len(config_rates)):
-                        await sweep.run(c, i, config_rates, saturation)
+    else:
+        for c, config in enumerate(plan.configs):
+            async with contextlib.AsyncExitStack() as server:
+                config_rates, saturation = await sweep.start(server, config)
+                for i in range(len(config_rates)):
+                    await sweep.run(c, i, config_rates, saturation)
     return sweep.records
 
 
