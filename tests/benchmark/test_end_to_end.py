@@ -25,6 +25,12 @@ def bench(*args) -> int:
     return main(["bench", *args, "--no-progress"])
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def test_argparse_forms():
     p = build_parser()
     a = p.parse_args(["bench", "--base-url", "http://127.0.0.1:1", "--request-rate", "2"])
@@ -113,10 +119,7 @@ def test_failed_requests_are_recorded_not_fatal(tmp_path):
 
 
 def test_unreachable_server(tmp_path):
-    with socket.socket() as s:          # a loopback port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
+    url = f"http://127.0.0.1:{_free_port()}"   # a loopback port nobody listens on
     results = tmp_path / "r.jsonl"
     rc = bench("--base-url", url, "--model", "m", "--request-rate", "100", "--max-requests", "3",
                "--output-len", "2", "--input-len", "5", "--results", str(results))
@@ -168,9 +171,7 @@ def test_sweep_launches_and_stops_each_server(tmp_path):
 
     import httpx
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = _free_port()
     script = Path(__file__).with_name("fake_server.py")
     configs = tmp_path / "configs.json"
     configs.write_text(json.dumps([{"label": "launched", "base_url": f"http://127.0.0.1:{port}",
@@ -212,12 +213,6 @@ def test_interleaved_order_shuffles_rates_and_configurations():
     assert rates_in_time[0] != list(range(8)) and len({tuple(r) for r in rates_in_time}) == 5
     assert len({tuple(c for c, _ in order[r * 5:(r + 1) * 5]) for r in range(8)}) > 1
     assert interleaved_order(5, 8, 1) != order
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_interleaved_sweep_keeps_every_server_up_and_mixes_configurations(tmp_path):
