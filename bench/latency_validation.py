@@ -64,6 +64,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="server torch threads (leave a core for the rest)")
     p.add_argument("--interleave", action="store_true",
                    help="all servers up at once, rounds of every configuration at shuffled rates")
+    p.add_argument("--probe", type=int, default=0, metavar="N",
+                   help="with --interleave: N lone no-SD requests before and after every run (machine speed)")
     p.add_argument("--port", type=int, default=8123, help="the first configuration's port; the next ones count up")
     p.add_argument("--max-model-len", type=int, default=1024)
     args = p.parse_args()
@@ -92,7 +94,7 @@ def main() -> None:
                   "--discard-first", str(args.discard_first), "--burstiness", str(args.burstiness),
                   "--tokenizer", tokenizer, "--no-progress",
                   "--results", str(results), "--log-dir", str(out / "server_logs"), *lengths,
-                  *(["--interleave"] if args.interleave else []))
+                  *(["--interleave"] if args.interleave else []), "--probe", str(args.probe))
         table = out / f"{workload}_validation.md"
         specserve("latency", "validate", str(results), "--markdown", str(table))
         print(table.read_text())

@@ -115,6 +115,9 @@ def register(subparsers) -> None:
     g.add_argument("--interleave", action="store_true",
                    help="start every server first, then run rounds of every configuration at shuffled rates "
                         "(--seed), so drift of the machine's speed does not offset one configuration")
+    g.add_argument("--probe", type=int, default=0, metavar="N",
+                   help="with --interleave: N lone requests to the first configuration before and after every "
+                        "run, appended to RESULTS.probes.jsonl (the machine's speed through the sweep)")
     g.add_argument("--log-dir", default="bench_server_logs", help="logs of servers started by 'launch'")
     g.add_argument("--report", metavar="DIR", help="also write the report into DIR at the end")
     s.set_defaults(func=_sweep)
@@ -197,7 +200,8 @@ def _sweep(args) -> int:
     plan = SweepPlan(configs, rates=args.rates, fractions=args.fractions,
                      saturation_requests=args.saturation_requests,
                      per_config_saturation=args.per_config_saturation, scale_trace=args.scale_trace,
-                     log_dir=Path(args.log_dir), interleave=args.interleave, seed=args.seed)
+                     log_dir=Path(args.log_dir), interleave=args.interleave, seed=args.seed,
+                     probe_requests=args.probe)
 
     def line(r):
         e2e = r["e2e_s"]["mean"]

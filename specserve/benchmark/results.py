@@ -41,10 +41,16 @@ def clean(value):
     return value
 
 
-def requests_path(results_path: str | Path) -> Path:
-    """`runs/bench.jsonl` keeps its per-request rows in `runs/bench.requests.jsonl`."""
+def side_path(results_path: str | Path, kind: str) -> Path:
+    """`runs/bench.jsonl` keeps its per-request rows in `runs/bench.requests.jsonl` (kind "requests") and a
+    sweep's speed probes in `runs/bench.probes.jsonl` (kind "probes")."""
     p = Path(results_path)
-    return p.with_name(p.name[: -len(p.suffix)] + ".requests.jsonl" if p.suffix else p.name + ".requests.jsonl")
+    stem = p.name[: -len(p.suffix)] if p.suffix else p.name
+    return p.with_name(f"{stem}.{kind}.jsonl")
+
+
+def requests_path(results_path: str | Path) -> Path:
+    return side_path(results_path, "requests")
 
 
 def validate_run(record: dict) -> list[str]:

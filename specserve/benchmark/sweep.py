@@ -28,7 +28,7 @@ import httpx
 
 from specserve.benchmark import arrivals as arr
 from specserve.benchmark.client import api_root
-from specserve.benchmark.results import append_run
+from specserve.benchmark.results import append_run, side_path
 from specserve.benchmark.runner import RunOptions, Target, run_once
 from specserve.benchmark.workload import DEFAULT_TRACE, DEFAULT_TRACE_WINDOW_S, WorkloadSpec
 from specserve.errors import SpecServeError
@@ -54,6 +54,14 @@ class SweepPlan:
     log_dir: Path = field(default_factory=Path)
     interleave: bool = False    # rounds of every configuration instead of one block per configuration
     seed: int = 0               # the interleaved order's shuffle
+    probe_requests: int = 0     # lone requests to the first configuration before and after every run
+
+    def __post_init__(self) -> None:
+        if self.probe_requests < 0:
+            raise SpecServeError("--probe must be >= 0")
+        if self.probe_requests and not self.interleave:
+            raise SpecServeError("--probe needs --interleave: the probes go to the first configuration, "
+                                 "whose server stays up only in an interleaved sweep")
 
 
 def parse_config_arg(text: str, defaults: Target) -> Config:
@@ -191,8 +199,10 @@ async def run_sweep(plan: SweepPlan, spec: WorkloadSpec, opts: RunOptions, resul
     if plan.interleave:
         async with contextlib.AsyncExitStack() as servers:
             rates = [await sweep.start(servers, config) for config in plan.configs]
+            await sweep.probe()
             for c, i in interleaved_order(len(plan.configs), len(rates[0][0]), plan.seed):
                 await sweep.run(c, i, *rates[c])
+                await sweep.probe()
     else:
         for c, config in enumerate(plan.configs):
             async with contextlib.AsyncExitStack() as server:
@@ -237,3 +247,15 @@ class _Sweep:
         self.records.append(record)
         if self.on_record:
             self.on_record(record)
+
+    async def probe(self) -> None:
+        """Lone requests, one at a time (the same prompts every time), to the first configuration: its
+        latency with no company, i.e. how fast the machine is now."""
+        n = self.plan.probe_requests
+        if not n:
+            return
+        target = self.plan.configs[0].target
+        spec = replace(self.spec, request_rate=None, max_concurrency=1, max_requests=n, duration_s=None)
+        record, rows = await run_once(replace(target, label=f"{target.label}/probe"), spec,
+                                      replace(self.opts, discard_first_s=0.0), sweep_info={"probe": True})
+        append_run(side_path(self.results_path, "probes"), record, rows)

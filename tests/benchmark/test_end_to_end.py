@@ -228,7 +228,8 @@ def test_interleaved_sweep_keeps_every_server_up_and_mixes_configurations(tmp_pa
     results = tmp_path / "r.jsonl"
     rc = main(["bench", "sweep", "--configs", str(configs), "--rates", "20,30,40", "--max-requests", "3",
                "--output-len", "2", "--input-len", "5", "--results", str(results), "--no-progress",
-               "--log-dir", str(tmp_path / "logs"), "--warmup-requests", "0", "--interleave", "--seed", "3"])
+               "--log-dir", str(tmp_path / "logs"), "--warmup-requests", "0", "--interleave", "--seed", "3",
+               "--probe", "2"])
     assert rc == 0
     runs = read_runs(results)
     from specserve.benchmark.sweep import interleaved_order
@@ -237,6 +238,19 @@ def test_interleaved_sweep_keeps_every_server_up_and_mixes_configurations(tmp_pa
     assert [(r["label"], r["offered_rate"]) for r in runs] == expected
     assert all(r["num_completed"] == 3 and r["sweep"]["index"] == [20, 30, 40].index(r["offered_rate"])
                for r in runs)
+    # One probe before the first run and one after each: two lone requests to the first configuration.
+    probes = read_runs(tmp_path / "r.probes.jsonl")
+    assert len(probes) == len(runs) + 1
+    assert all(p["label"] == "c0/probe" and p["num_completed"] == 2 and p["arrival"]["process"] == "closed"
+               and p["arrival"]["max_concurrency"] == 1 for p in probes)
+    assert all(before["started_at"] <= run["started_at"] <= after["started_at"]
+               for before, run, after in zip(probes, runs, probes[1:]))
+
+
+def test_probes_need_an_interleaved_sweep(tmp_path, capsys):
+    rc = main(["bench", "sweep", "--config", "a=http://127.0.0.1:9", "--rates", "1", "--probe", "2",
+               "--no-progress", "--input-len", "5", "--results", str(tmp_path / "r.jsonl")])
+    assert rc == 2 and "--probe needs --interleave" in capsys.readouterr().err
 
 
 def test_interleaved_sweep_needs_a_port_per_launched_server(tmp_path, capsys):
