@@ -109,10 +109,10 @@ def speed_report(results: str, probes_path: str, rows: list[tuple[dict, float]])
           + ", ".join(f"{m:+.1f} %" for _, m in by_time([(r, v) for (r, _), v in zip(rows, x)]))
           + f"; against the residuals: correlation {np.corrcoef(x, y)[0, 1]:.2f}, "
           f"residual = {slope:.2f} x slowness {intercept:+.1f} %")
-    # Dividing a run by its slowness takes out the same share of its line's residual, to first order.
-    adjusted = [100.0 * ((1 + res / 100.0) / slow[r["run_id"]] - 1.0) for r, res in rows]
+    adjusted = residuals([dict(r, e2e_s=dict(r["e2e_s"], mean=r["e2e_s"]["mean"] / slow[r["run_id"]]))
+                          for r, _ in rows])
     print(f"residual spread (SD) {statistics.pstdev(y):.1f} % as measured, "
-          f"{statistics.pstdev(adjusted):.1f} % divided by the probes' slowness")
+          f"{statistics.pstdev(res for _, res in adjusted):.1f} % with each run's E2E divided by its slowness")
     runs = load_runs([results])
     for title, fitted in (("as measured", runs),
                           ("at the sweep's median speed (probes)",
