@@ -101,11 +101,18 @@ def at_median_speed(run: BenchRun, slow: float) -> BenchRun:
 
 
 def speed_report(results: str, probes_path: str, rows: list[tuple[dict, float]]) -> None:
-    slow = probe_slowness([r for r, _ in rows], read_runs(probes_path))
+    probes = read_runs(probes_path)
+    slow = probe_slowness([r for r, _ in rows], probes)
+    e2e = [p["e2e_s"]["mean"] for p in sorted(probes, key=lambda p: p["started_at"]) if p.get("num_completed")]
+    median = statistics.median(e2e)
+    # Successive differences over sqrt(2): a probe's own noise, which a slow drift hardly moves.
+    own = statistics.pstdev(b - a for a, b in zip(e2e, e2e[1:])) / 2 ** 0.5 if len(e2e) > 2 else float("nan")
+    print(f"\n{len(e2e)} probes: median E2E {median:.3g} s, spread over the sweep "
+          f"{100 * statistics.pstdev(e2e) / median:.1f} %, probe to probe {100 * own / median:.1f} %")
     x = np.array([100.0 * (slow[r["run_id"]] - 1.0) for r, _ in rows])
     y = np.array([res for _, res in rows])
     slope, intercept = np.polyfit(x, y, 1)
-    print(f"\nprobes: slowness by sixth of the sweep's time "
+    print(f"probes: slowness by sixth of the sweep's time "
           + ", ".join(f"{m:+.1f} %" for _, m in by_time([(r, v) for (r, _), v in zip(rows, x)]))
           + f"; against the residuals: correlation {np.corrcoef(x, y)[0, 1]:.2f}, "
           f"residual = {slope:.2f} x slowness {intercept:+.1f} %")
