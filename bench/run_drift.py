@@ -70,12 +70,18 @@ def by_time(rows: list[tuple[dict, float]], parts: int = PARTS) -> list[tuple[in
     return [(len(g), statistics.fmean(g) if g else float("nan")) for g in groups]
 
 
+def completed_probes(probes: list[dict]) -> list[dict]:
+    """The probes that completed a request, in start order."""
+    done = sorted((p for p in probes if p.get("num_completed")), key=lambda p: p["started_at"])
+    if not done:
+        raise SystemExit("no probe completed a request")
+    return done
+
+
 def probe_slowness(runs: list[dict], probes: list[dict]) -> dict[str, float]:
     """{run_id: how slow the machine was around the run}: the mean E2E of the probes just before and just
     after it over the median probe's (1.0: the sweep's median speed; 1.1: 10 % slower)."""
-    probes = sorted((p for p in probes if p.get("num_completed")), key=lambda p: p["started_at"])
-    if not probes:
-        raise SystemExit("no probe completed a request")
+    probes = completed_probes(probes)
     median = statistics.median(p["e2e_s"]["mean"] for p in probes)
     out = {}
     for r in runs:
@@ -100,10 +106,12 @@ def at_median_speed(run: BenchRun, slow: float) -> BenchRun:
                    in_flight_slope=rate(run.in_flight_slope))
 
 
-def speed_report(results: str, probes_path: str, rows: list[tuple[dict, float]]) -> None:
+def speed_report(results: str, probes_path: str, rows: list[tuple[dict, float]]) -> dict:
+    """Print the probes' comparison with the residuals and both validations; return the headline figures:
+    correlation, residual spread as measured and divided by slowness (%), held-out-rate MAPE both ways."""
     probes = read_runs(probes_path)
     slow = probe_slowness([r for r, _ in rows], probes)
-    e2e = [p["e2e_s"]["mean"] for p in sorted(probes, key=lambda p: p["started_at"]) if p.get("num_completed")]
+    e2e = [p["e2e_s"]["mean"] for p in completed_probes(probes)]
     median = statistics.median(e2e)
     # Successive differences over sqrt(2): a probe's own noise, which a slow drift hardly moves.
     own = statistics.pstdev(b - a for a, b in zip(e2e, e2e[1:])) / 2 ** 0.5 if len(e2e) > 2 else float("nan")
@@ -112,20 +120,25 @@ def speed_report(results: str, probes_path: str, rows: list[tuple[dict, float]])
     x = np.array([100.0 * (slow[r["run_id"]] - 1.0) for r, _ in rows])
     y = np.array([res for _, res in rows])
     slope, intercept = np.polyfit(x, y, 1)
+    out = {"correlation": float(np.corrcoef(x, y)[0, 1])}
     print(f"probes: slowness by sixth of the sweep's time "
           + ", ".join(f"{m:+.1f} %" for _, m in by_time([(r, v) for (r, _), v in zip(rows, x)]))
-          + f"; against the residuals: correlation {np.corrcoef(x, y)[0, 1]:.2f}, "
+          + f"; against the residuals: correlation {out['correlation']:.2f}, "
           f"residual = {slope:.2f} x slowness {intercept:+.1f} %")
     adjusted = residuals([dict(r, e2e_s=dict(r["e2e_s"], mean=r["e2e_s"]["mean"] / slow[r["run_id"]]))
                           for r, _ in rows])
-    print(f"residual spread (SD) {statistics.pstdev(y):.1f} % as measured, "
-          f"{statistics.pstdev(res for _, res in adjusted):.1f} % with each run's E2E divided by its slowness")
+    out["spread"], out["spread_divided"] = statistics.pstdev(y), statistics.pstdev(res for _, res in adjusted)
+    print(f"residual spread (SD) {out['spread']:.1f} % as measured, "
+          f"{out['spread_divided']:.1f} % with each run's E2E divided by its slowness")
     runs = load_runs([results])
-    for title, fitted in (("as measured", runs),
-                          ("at the sweep's median speed (probes)",
-                           [at_median_speed(r, slow[r.run_key]) for r in runs if r.run_key in slow])):
+    for key, title, fitted in (("rate_mape", "as measured", runs),
+                               ("rate_mape_rescaled", "at the sweep's median speed (probes)",
+                                [at_median_speed(r, slow[r.run_key]) for r in runs if r.run_key in slow])):
+        report = fit_runs(fitted, FitOptions(), [results])
+        out[key] = report.cross_validation["rate"]["overall"]["e2e"]["mape"]
         print(f"\n### Held-out validation, runs {title}\n")
-        print(markdown(fit_runs(fitted, FitOptions(), [results])))
+        print(markdown(report))
+    return out
 
 
 def main() -> None:

@@ -40,8 +40,9 @@ def test_a_slow_spell_shows_in_its_time():
 
 
 def _probe(minute: float, e2e: float) -> dict:
-    return {"schema": "specserve.bench.run/1", "run_id": f"probe{minute}", "num_completed": 2, "e2e_s": {"mean": e2e},
-            "started_at": (datetime(2026, 11, 26, 12, 0) + timedelta(minutes=minute)).isoformat()}
+    started = datetime(2026, 11, 26, 12, 0) + timedelta(minutes=minute)
+    return {"schema": "specserve.bench.run/1", "run_id": f"probe{minute}", "num_completed": 2,
+            "e2e_s": {"mean": e2e}, "started_at": started.isoformat()}
 
 
 def test_a_runs_slowness_is_the_probes_either_side_of_it_over_their_median():
@@ -90,18 +91,12 @@ def test_rescaling_a_run_by_its_slowness_undoes_a_slower_machine(tmp_path):
     assert back.achieved_rate == pytest.approx(run.achieved_rate) and back.in_flight == pytest.approx(run.in_flight)
 
 
-def test_probes_take_a_slow_spell_out_of_the_held_out_errors(tmp_path, capsys):
+def test_probes_take_a_slow_spell_out_of_the_held_out_errors(tmp_path):
     # The middle third of the sweep runs 15 % slow: as measured the held-out rates miss by several
     # percent; rescaled by the probes they are back near the synthetic noise (the two runs at the slow
     # spell's edges take the mean of a fast and a slow probe, 7.5 % off).
     results, probes = _slowed_sweep(tmp_path, lambda n: 1.15 if 13 <= n < 27 else 1.0)
     rows = run_drift.residuals(run_drift.read_runs(results))
-    run_drift.speed_report(str(results), str(probes), rows)
-    out = capsys.readouterr().out
-    measured, adjusted = out.split("at the sweep's median speed")
-    mape = lambda text: float(text.split("goal: mean E2E MAPE <= 5%: ")[1].split("(")[1].split("%")[0])  # noqa: E731
-    assert mape(measured) > 5.0 and mape(adjusted) < 2.0
-    correlation = float(out.split("correlation ")[1].split(",")[0])
-    spread = out.split("residual spread (SD) ")[1]
-    as_measured, divided = float(spread.split(" %")[0]), float(spread.split("measured, ")[1].split(" %")[0])
-    assert correlation > 0.8 and divided < as_measured / 2
+    got = run_drift.speed_report(str(results), str(probes), rows)
+    assert got["rate_mape"] > 5.0 and got["rate_mape_rescaled"] < 2.0
+    assert got["correlation"] > 0.8 and got["spread_divided"] < got["spread"] / 2
