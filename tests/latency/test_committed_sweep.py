@@ -10,19 +10,15 @@ ROOT = Path(__file__).resolve().parents[2]
 SWEEP = ROOT / "bench" / "results" / "latency18" / "fixed.jsonl"
 
 
-def _readme_row(prefix: str) -> str:
-    rows = [line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith(prefix)]
-    assert len(rows) == 1, f"expected one README row starting {prefix!r}"
-    return rows[0]
-
-
 def test_readme_latency18_row_matches_the_committed_results():
     report = validate_files([SWEEP])
     assert not report.excluded  # 40 of 40 runs kept, as the README says
     rate = report.cross_validation["rate"]["overall"]["e2e"]["mape"]
     configuration = report.cross_validation["configuration"]["overall"]["e2e"]["mape"]
-    row = _readme_row("| latency18, latency17's command repeated")
-    headline = re.search(r"\| ([\d.]+) / \*\*([\d.]+) %\*\* \|", row)
-    assert headline, row
+    rows = [line for line in (ROOT / "README.md").read_text().splitlines()
+            if line.startswith("| latency18, latency17's command repeated")]
+    assert len(rows) == 1, rows
+    headline = re.search(r"\| ([\d.]+) / \*\*([\d.]+) %\*\* \|", rows[0])
+    assert headline, rows[0]
     assert f"{rate:.2f}" == headline.group(1)
     assert f"{configuration:.2f}" == headline.group(2)
