@@ -40,6 +40,9 @@ def register(subparsers) -> None:
     p.add_argument("--spec-bench", action="store_true",
                    help="chat: also reply to the 350 Spec-Bench task questions (translation, summarization, qa, "
                         "math_reasoning, rag) outside the held-out ones the benchmarks use")
+    p.add_argument("--replies-per-prompt", type=_positive_int, default=1,
+                   help="chat: the target's greedy reply plus N-1 replies sampled at temperature 0.8 (seeded) "
+                        "per training prompt: more training data from the same prompts")
     p.add_argument("--reply-tokens", type=int, default=192,
                    help="longest target reply generated per chat prompt; with --continuations, the reply part "
                         "of each window")
@@ -113,6 +116,7 @@ def _run(args: argparse.Namespace) -> int:
                         hidden=args.hidden, embedding_rank=args.embedding_rank or None,
                         draft_vocab=args.draft_vocab or None, window=args.window, topk=args.topk,
                         chat_prompts=args.chat_prompts, spec_bench=args.spec_bench,
+                        replies_per_prompt=args.replies_per_prompt,
                         continuations=args.continuations,
                         max_reply_tokens=args.reply_tokens, train=tcfg,
                         ttt_steps=args.ttt_steps, kl_weight=args.kl_weight, resume=args.resume,

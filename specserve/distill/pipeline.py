@@ -38,6 +38,7 @@ class DistillConfig:
     train_windows: int | None = None   # use only the first N (shuffled) training windows (None: all)
     chat_prompts: int | None = None    # how many ShareGPT prompts get a target reply (None: all)
     spec_bench: bool = False           # chat: also the 350 Spec-Bench task questions outside the held-out set
+    replies_per_prompt: int = 1        # chat: the greedy reply plus N - 1 replies sampled at temperature 0.8
     continuations: int | None = None   # code/files: windows of a text prefix + the target's continuation
     max_reply_tokens: int = 192        # chat: longest reply; continuations: the reply part of each window
     ttt_steps: int = 2                 # eagle: draft steps unrolled in training (EAGLE-3's training-time test)
@@ -75,6 +76,8 @@ def build_data(cfg: DistillConfig, target, log, features: dict | None = None) ->
     kind = cfg.corpus[0] if cfg.corpus[0] in ("code", "chat") else "files"
     if cfg.spec_bench and kind != "chat":
         raise SpecServeError("--spec-bench adds chat prompts: it needs --corpus chat")
+    if cfg.replies_per_prompt > 1 and kind != "chat":
+        raise SpecServeError("--replies-per-prompt adds replies to chat prompts: it needs --corpus chat")
     if kind == "chat":
         if cfg.continuations:
             raise SpecServeError("--continuations applies to code and text files; chat samples are the target's "
@@ -86,10 +89,15 @@ def build_data(cfg: DistillConfig, target, log, features: dict | None = None) ->
         train_prompts += bench
         eval_prompts = corpus.sharegpt_prompts("eval")[:cfg.eval_windows]
         by_sample = {} if features is not None else None
-        samples = chat_samples(cfg.target, tok, train_prompts + eval_prompts, cfg.work / "chat_samples.jsonl",
-                               max_prompt, cfg.max_reply_tokens, log=log, keep_end=frozenset(bench),
-                               features=by_sample, device=cfg.device)
+        path, keep_end = cfg.work / "chat_samples.jsonl", frozenset(bench)
+        samples = chat_samples(cfg.target, tok, train_prompts + eval_prompts, path, max_prompt, cfg.max_reply_tokens,
+                               log=log, keep_end=keep_end, features=by_sample, device=cfg.device)
         train_seqs, eval_seqs = samples[:len(train_prompts)], samples[len(train_prompts):]
+        if cfg.replies_per_prompt > 1:  # more of the target's replies to the same prompts (held-out: greedy only)
+            train_seqs += chat_samples(cfg.target, tok, train_prompts, path, max_prompt, cfg.max_reply_tokens,
+                                       log=log, keep_end=keep_end, features=by_sample, device=cfg.device,
+                                       sampled=cfg.replies_per_prompt - 1, seed=cfg.train.seed)
+            samples = train_seqs + eval_seqs
         train_w = corpus.sample_windows(train_seqs, window, PAD)
         eval_w = corpus.sample_windows(eval_seqs, window, PAD)
         stream = np.concatenate(train_seqs)

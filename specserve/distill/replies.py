@@ -35,9 +35,10 @@ class FeatureRecorder:
 
 def target_replies(target_name: str, prompts: list[tuple[str, list[int]]], path: Path, max_reply_tokens: int,
                    end_with_eos: bool, batch: int, log=print, features: dict | None = None,
-                   device: str = "auto") -> list[np.ndarray]:
+                   device: str = "auto", temperature: float = 0.0, seed: int = 0) -> list[np.ndarray]:
     """Token ids (prompt + reply) of every (key, prompt ids), generating only the keys not in `path` yet.
     end_with_eos: stop at EOS and append one where the reply was cut; otherwise generate through EOS.
+    temperature > 0: sampled replies, the i-th prompt's with seed `seed + i` (the same reply on a rerun).
     features: a dict to fill with key -> [len(ids), hidden], the target's (bf16) final hidden state at
     every position of each sample generated now (not of those read from `path`) but the final EOS of an
     EOS-ended sample, which the target never runs (len(ids) - 1 rows then)."""
@@ -56,12 +57,16 @@ def target_replies(target_name: str, prompts: list[tuple[str, list[int]]], path:
             recorder = llm.engine.hidden_observer = FeatureRecorder()
         # The target runs the last kept token (its hidden state is a feature) only to sample one more: drop that.
         extra = int(recorder is not None)
-        params = SamplingParams(max_tokens=max_reply_tokens + extra, temperature=0, ignore_eos=not end_with_eos)
+        index = {key: i for i, (key, _) in enumerate(prompts)}
+
+        def params(key):
+            return SamplingParams(max_tokens=max_reply_tokens + extra, temperature=temperature,
+                                  seed=seed + index[key] if temperature > 0 else None, ignore_eos=not end_with_eos)
         path.parent.mkdir(parents=True, exist_ok=True)
         t0, made = time.perf_counter(), 0
         for start in range(0, len(todo), batch * 2):
             chunk = todo[start:start + batch * 2]
-            outs = llm.generate([ids for _, ids in chunk], params)
+            outs = llm.generate([ids for _, ids in chunk], [params(key) for key, _ in chunk])
             with path.open("a") as f:
                 for (key, prompt_ids), out in zip(chunk, outs):
                     row = list(prompt_ids) + list(out.token_ids[:max_reply_tokens])
@@ -102,15 +107,22 @@ def chat_prompt(tokenizer, text: str, max_prompt_tokens: int, keep_end: bool = F
 
 def chat_samples(target_name: str, tokenizer, prompts: list[str], path: Path, max_prompt_tokens: int,
                  max_reply_tokens: int, log=print, keep_end: frozenset[str] = frozenset(),
-                 features: dict | None = None, device: str = "auto") -> list[np.ndarray]:
+                 features: dict | None = None, device: str = "auto", sampled: int = 0,
+                 temperature: float = 0.8, seed: int = 0) -> list[np.ndarray]:
     """Templated prompt + reply of every prompt (keyed by its text), without the EOS that ends each reply in
     `path`: a request stops at EOS, so the row after it would teach the draft nothing the engine asks.
     keep_end: prompts cut in the middle (`chat_prompt`). features: filled with the sample's bytes (int32) ->
-    its target features, for samples generated now."""
+    its target features, for samples generated now. sampled: instead of the greedy reply, this many replies
+    per prompt sampled at `temperature` (keyed by text + sample number), prompt by prompt."""
     keyed = [(p, chat_prompt(tokenizer, p, max_prompt_tokens, p in keep_end)) for p in prompts]
+    if sampled:
+        keyed = [(f"{p}\x00sample {i}", ids) for p, ids in keyed for i in range(1, sampled + 1)]
     by_key = {} if features is not None else None
+    # A GPU runs a batch of 128 about as fast as one of 32; a 2-core CPU does not.
+    batch = 128 if str(device).startswith("cuda") else 32
     samples = [s[:-1] for s in target_replies(target_name, keyed, path, max_reply_tokens, end_with_eos=True,
-                                              batch=32, log=log, features=by_key, device=device)]
+                                              batch=batch, log=log, features=by_key, device=device,
+                                              temperature=temperature if sampled else 0.0, seed=seed)]
     if features is not None:
         _key_by_sample(keyed, samples, by_key, features)
     return samples

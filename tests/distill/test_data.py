@@ -286,6 +286,33 @@ def test_chat_features_recorded_while_generating_match_a_teacher_pass(tiny_targe
     assert info["teacher_tokens_cached"] == 0
 
 
+def test_sampled_replies_add_seeded_training_windows_per_prompt_and_none_held_out(tiny_target, tmp_path):
+    """--replies-per-prompt 3: each training prompt gets its greedy reply and two replies sampled with their own
+    seeds (distinct, the same on a rerun, features recorded); held-out windows stay the greedy replies."""
+    from specserve.distill.pipeline import build_data
+    from specserve.errors import SpecServeError
+    from tests.distill.conftest import tiny_config
+    target = load_model(str(tiny_target), "float32")
+    kw = dict(chat_prompts=6, max_reply_tokens=40, method="eagle")
+    greedy_w, greedy_eval, _ = build_data(tiny_config(tiny_target, ["chat"], tmp_path, steps=0, name="g", **kw),
+                                          target, lambda m: None, {})
+    cfg = tiny_config(tiny_target, ["chat"], tmp_path, steps=0, name="s", replies_per_prompt=3, **kw)
+    recorded = {}
+    train_w, eval_w, _ = build_data(cfg, target, lambda m: None, recorded)
+    assert len(train_w) == 3 * len(greedy_w) == 18
+    assert {w.tobytes() for w in eval_w} == {w.tobytes() for w in greedy_eval}
+    assert {w.tobytes() for w in greedy_w} <= {w.tobytes() for w in train_w}
+    assert len({w.tobytes() for w in train_w}) > len(greedy_w) + 6  # most sampled replies differ from the greedy
+    assert set(recorded) == {w.tobytes() for w in np.concatenate([train_w, eval_w])}
+    again, _, _ = build_data(cfg, target, lambda m: None, None)  # read back from chat_samples.jsonl
+    assert np.array_equal(again, train_w)
+    fresh = tiny_config(tiny_target, ["chat"], tmp_path, steps=0, name="s2", replies_per_prompt=3, **kw)
+    assert np.array_equal(build_data(fresh, target, lambda m: None, None)[0], train_w)  # seeded: same samples
+    with pytest.raises(SpecServeError, match="--corpus chat"):
+        build_data(tiny_config(tiny_target, ["code"], tmp_path, steps=0, name="c", replies_per_prompt=2),
+                   target, lambda m: None, None)
+
+
 def test_long_spec_bench_prompts_keep_their_question(tiny_target):
     """A RAG question follows its document: prompts cut in the middle keep both ends."""
     from specserve.distill.replies import chat_prompt
