@@ -105,15 +105,18 @@ def chat_prompt(tokenizer, text: str, max_prompt_tokens: int, keep_end: bool = F
     return tokenizer.encode_chat([{"role": "user", "content": cut}])
 
 
+SAMPLE_TEMPERATURE = 0.8  # --replies-per-prompt: near the greedy reply's mode, yet most samples differ from it
+
+
 def chat_samples(target_name: str, tokenizer, prompts: list[str], path: Path, max_prompt_tokens: int,
                  max_reply_tokens: int, log=print, keep_end: frozenset[str] = frozenset(),
                  features: dict | None = None, device: str = "auto", sampled: int = 0,
-                 temperature: float = 0.8, seed: int = 0) -> list[np.ndarray]:
+                 seed: int = 0) -> list[np.ndarray]:
     """Templated prompt + reply of every prompt (keyed by its text), without the EOS that ends each reply in
     `path`: a request stops at EOS, so the row after it would teach the draft nothing the engine asks.
     keep_end: prompts cut in the middle (`chat_prompt`). features: filled with the sample's bytes (int32) ->
     its target features, for samples generated now. sampled: instead of the greedy reply, this many replies
-    per prompt sampled at `temperature` (keyed by text + sample number), prompt by prompt."""
+    per prompt sampled at SAMPLE_TEMPERATURE (keyed by text + sample number), prompt by prompt."""
     keyed = [(p, chat_prompt(tokenizer, p, max_prompt_tokens, p in keep_end)) for p in prompts]
     if sampled:
         keyed = [(f"{p}\x00sample {i}", ids) for p, ids in keyed for i in range(1, sampled + 1)]
@@ -122,7 +125,7 @@ def chat_samples(target_name: str, tokenizer, prompts: list[str], path: Path, ma
     batch = 128 if str(device).startswith("cuda") else 32
     samples = [s[:-1] for s in target_replies(target_name, keyed, path, max_reply_tokens, end_with_eos=True,
                                               batch=batch, log=log, features=by_key, device=device,
-                                              temperature=temperature if sampled else 0.0, seed=seed)]
+                                              temperature=SAMPLE_TEMPERATURE if sampled else 0.0, seed=seed)]
     if features is not None:
         _key_by_sample(keyed, samples, by_key, features)
     return samples
