@@ -9,16 +9,25 @@ misfit). Runs are listed in start order; the summary averages the residuals by s
 duration and by rate fraction. In an interleaved sweep (`bench sweep --interleave`) every sixth holds
 every configuration, so a time trend there is drift, not a configuration's offset.
 
-`--probes` reads the speed probes of `bench sweep --interleave --probe N` (RESULTS.probes.jsonl: lone
-requests to the first configuration before and after every run). Each run's slowness is the mean E2E of
-the probes either side of it over the median probe's. The script prints how well that tracks the
-residuals above, and the held-out validation tables (`specserve latency validate`) twice: on the runs as
-measured, and with every run rescaled to the sweep's median speed (latencies divided by its slowness,
-rates multiplied by it: the same run on a machine running at that speed). The second says how far the
-model misses once the machine's measured drift is taken out; the issue's goals are scored on the first.
+Two measures of the machine's speed, each a slowness per run (1.0: the sweep's median speed; 1.1: 10 %
+slower):
+- `--probes` reads the speed probes of `bench sweep --interleave --probe N` (RESULTS.probes.jsonl: lone
+  requests to the first configuration before and after every run): the mean E2E of the probes either
+  side of a run over the median probe's.
+- `--step-times` reads the runs' own decode steps from their per-request rows (RESULTS.requests.jsonl).
+  Each streamed chunk is one engine step; the other requests' first and last tokens tell how many were
+  decoding beside it. A configuration's step at a given batch size takes the same time in every run on a
+  steady machine, so a run's slowness is the median over its chunks of chunk time / its configuration's
+  median chunk time at that batch size over the sweep (chunks during which another request was being
+  prefilled left out). It compares like with like and so does not see load.
+For each, the script prints how well it tracks the residuals above, then the held-out validation tables
+(`specserve latency validate`) on the runs as measured and with every run rescaled to the sweep's median
+speed (latencies divided by its slowness, rates multiplied by it: the same run on a machine running at
+that speed). The rescaled tables say how far the model misses once the machine's measured drift is taken
+out; the issue's goals are scored on the runs as measured.
 
     python bench/run_drift.py runs/latency16/fixed.jsonl [--quiet]
-    python bench/run_drift.py runs/latency17/fixed.jsonl --probes runs/latency17/fixed.probes.jsonl
+    python bench/run_drift.py runs/latency17/fixed.jsonl --probes runs/latency17/fixed.probes.jsonl --step-times
 """
 from __future__ import annotations
 
@@ -29,13 +38,14 @@ from datetime import datetime
 
 import numpy as np
 
-from specserve.benchmark.results import read_runs
+from specserve.benchmark.results import read_request_rows, read_runs
 from specserve.latency.arrivals import company, run_cv
 from specserve.latency.fit import FitOptions, fit_runs
 from specserve.latency.runs import BenchRun, Stats, load_runs
 from specserve.latency.validate import markdown
 
 PARTS = 6
+MIN_CHUNKS = 50  # chunks at one (configuration, batch size) needed for a reference step time
 
 
 def residuals(runs: list[dict]) -> list[tuple[dict, float]]:
@@ -106,36 +116,87 @@ def at_median_speed(run: BenchRun, slow: float) -> BenchRun:
                    in_flight_slope=rate(run.in_flight_slope))
 
 
-def speed_report(results: str, probes_path: str, rows: list[tuple[dict, float]]) -> dict:
-    """Print the probes' comparison with the residuals and both validations; return the headline figures:
-    correlation, residual spread as measured and divided by slowness (%), held-out-rate MAPE both ways."""
-    probes = read_runs(probes_path)
-    slow = probe_slowness([r for r, _ in rows], probes)
+def step_chunks(rows: list[dict]) -> list[tuple[int, float]]:
+    """(batch size, seconds) of every chunk the run's measured requests streamed, leaving out chunks during
+    which another request was being prefilled. The batch size counts the requests (warm-up ones too)
+    decoding for the whole chunk, the chunk's own included."""
+    rows = [r for r in rows if not r.get("error") and r.get("itl_s")
+            and all(isinstance(r.get(k), (int, float)) for k in ("sent_s", "first_token_s", "end_s"))]
+    if not rows:
+        return []
+    sent, first, end = (np.array([r[k] for r in rows], dtype=float) for k in ("sent_s", "first_token_s", "end_s"))
+    out = []
+    for i, r in enumerate(rows):
+        if not r.get("measured", True):
+            continue
+        others = np.arange(len(rows)) != i
+        itl = np.asarray(r["itl_s"], dtype=float)
+        stop = r["first_token_s"] + np.cumsum(itl)
+        begin = stop - itl
+        decoding = (first[others] <= begin[:, None]) & (end[others] >= stop[:, None])
+        prefilling = ((sent[others] < stop[:, None]) & (first[others] > begin[:, None])).any(axis=1)
+        out += [(1 + int(b), float(t)) for b, t, p in zip(decoding.sum(axis=1), itl, prefilling) if not p]
+    return out
+
+
+def step_slowness(runs: list[dict], rows: dict[str, list[dict]], min_chunks: int = MIN_CHUNKS) -> dict[str, float]:
+    """{run_id: how slow the machine was during the run}, from its own decode steps (`step_chunks`):
+    the median over its chunks of chunk time / the configuration's median at that batch size over all
+    runs, using batch sizes with at least `min_chunks` chunks. Runs without such chunks are left out."""
+    chunks = {r["run_id"]: step_chunks(rows.get(r["run_id"], [])) for r in runs}
+    pooled: dict[tuple[str, int], list[float]] = {}
+    for r in runs:
+        for b, t in chunks[r["run_id"]]:
+            pooled.setdefault((r["label"], b), []).append(t)
+    reference = {key: statistics.median(v) for key, v in pooled.items() if len(v) >= min_chunks}
+    out = {}
+    for r in runs:
+        ratios = [t / reference[(r["label"], b)] for b, t in chunks[r["run_id"]] if (r["label"], b) in reference]
+        if ratios:
+            out[r["run_id"]] = statistics.median(ratios)
+    return out
+
+
+def probe_spread(probes: list[dict]) -> None:
+    """Print the probes' median, their spread over the sweep and from one probe to the next."""
     e2e = [p["e2e_s"]["mean"] for p in completed_probes(probes)]
     median = statistics.median(e2e)
     # Successive differences over sqrt(2): a probe's own noise, which a slow drift hardly moves.
     own = statistics.pstdev(b - a for a, b in zip(e2e, e2e[1:])) / 2 ** 0.5 if len(e2e) > 2 else float("nan")
     print(f"\n{len(e2e)} probes: median E2E {median:.3g} s, spread over the sweep "
           f"{100 * statistics.pstdev(e2e) / median:.1f} %, probe to probe {100 * own / median:.1f} %")
+
+
+def track(name: str, slow: dict[str, float], rows: list[tuple[dict, float]]) -> dict:
+    """Print how a slowness measure tracks the residuals; return the correlation and the residual spread
+    as measured and with each run's E2E divided by its slowness (%)."""
+    rows = [(r, res) for r, res in rows if r["run_id"] in slow]
     x = np.array([100.0 * (slow[r["run_id"]] - 1.0) for r, _ in rows])
     y = np.array([res for _, res in rows])
     slope, intercept = np.polyfit(x, y, 1)
     out = {"correlation": float(np.corrcoef(x, y)[0, 1])}
-    print(f"probes: slowness by sixth of the sweep's time "
+    print(f"{name}: slowness by sixth of the sweep's time "
           + ", ".join(f"{m:+.1f} %" for _, m in by_time([(r, v) for (r, _), v in zip(rows, x)]))
-          + f"; against the residuals: correlation {out['correlation']:.2f}, "
+          + f"; against the residuals of {len(rows)} runs: correlation {out['correlation']:.2f}, "
           f"residual = {slope:.2f} x slowness {intercept:+.1f} %")
     adjusted = residuals([dict(r, e2e_s=dict(r["e2e_s"], mean=r["e2e_s"]["mean"] / slow[r["run_id"]]))
                           for r, _ in rows])
     out["spread"], out["spread_divided"] = statistics.pstdev(y), statistics.pstdev(res for _, res in adjusted)
     print(f"residual spread (SD) {out['spread']:.1f} % as measured, "
-          f"{out['spread_divided']:.1f} % with each run's E2E divided by its slowness")
+          f"{out['spread_divided']:.1f} % with each run's E2E divided by its {name} slowness")
+    return out
+
+
+def validations(results: str, slowness: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Print the held-out tables as measured and rescaled by each slowness measure; return the
+    held-out-rate MAPE of each ("measured" and the measures' names)."""
     runs = load_runs([results])
-    for key, title, fitted in (("rate_mape", "as measured", runs),
-                               ("rate_mape_rescaled", "at the sweep's median speed (probes)",
-                                [at_median_speed(r, slow[r.run_key]) for r in runs if r.run_key in slow])):
+    out = {}
+    for name, fitted in [("measured", runs)] + [
+            (n, [at_median_speed(r, slow[r.run_key]) for r in runs if r.run_key in slow]) for n, slow in slowness.items()]:
         report = fit_runs(fitted, FitOptions(), [results])
-        out[key] = report.cross_validation["rate"]["overall"]["e2e"]["mape"]
+        out[name] = report.cross_validation["rate"]["overall"]["e2e"]["mape"]
+        title = "as measured" if name == "measured" else f"at the sweep's median speed ({name})"
         print(f"\n### Held-out validation, runs {title}\n")
         print(markdown(report))
     return out
@@ -146,8 +207,10 @@ def main() -> None:
     p.add_argument("results")
     p.add_argument("--quiet", action="store_true", help="only the summary")
     p.add_argument("--probes", help="the sweep's RESULTS.probes.jsonl (bench sweep --probe)")
+    p.add_argument("--step-times", action="store_true", help="the runs' own step times (per-request rows)")
     args = p.parse_args()
-    rows = residuals(read_runs(args.results))
+    records = read_runs(args.results)
+    rows = residuals(records)
     if not args.quiet:
         print("| start | config | rate fraction | mean in flight | mean E2E (s) | off its line |\n"
               "|---|---|---|---|---|---|")
@@ -162,8 +225,17 @@ def main() -> None:
             f"{f:g}: {statistics.fmean(res for r, res in rows if r.get('sweep', {}).get('fraction') == f):+.1f} %"
             for f in fractions))
     print(f"residual spread (SD) {statistics.pstdev(res for _, res in rows):.1f} % over {len(rows)} runs")
+    slowness = {}
     if args.probes:
-        speed_report(args.results, args.probes, rows)
+        probes = read_runs(args.probes)
+        probe_spread(probes)
+        slowness["probes"] = probe_slowness([r for r, _ in rows], probes)
+    if args.step_times:
+        slowness["step times"] = step_slowness(records, read_request_rows(args.results))
+    for name, slow in slowness.items():
+        track(name, slow, rows)
+    if slowness:
+        validations(args.results, slowness)
 
 
 if __name__ == "__main__":

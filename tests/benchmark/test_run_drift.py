@@ -97,6 +97,42 @@ def test_probes_take_a_slow_spell_out_of_the_held_out_errors(tmp_path):
     # spell's edges take the mean of a fast and a slow probe, 7.5 % off).
     results, probes = _slowed_sweep(tmp_path, lambda n: 1.15 if 13 <= n < 27 else 1.0)
     rows = run_drift.residuals(run_drift.read_runs(results))
-    got = run_drift.speed_report(str(results), str(probes), rows)
-    assert got["rate_mape"] > 5.0 and got["rate_mape_rescaled"] < 2.0
-    assert got["correlation"] > 0.8 and got["spread_divided"] < got["spread"] / 2
+    slow = run_drift.probe_slowness([r for r, _ in rows], run_drift.read_runs(probes))
+    tracked = run_drift.track("probes", slow, rows)
+    assert tracked["correlation"] > 0.8 and tracked["spread_divided"] < tracked["spread"] / 2
+    mape = run_drift.validations(str(results), {"probes": slow})
+    assert mape["measured"] > 5.0 and mape["probes"] < 2.0
+
+
+def _request(sent: float, first: float, chunks: list[float], measured: bool = True) -> dict:
+    return {"sent_s": sent, "first_token_s": first, "end_s": first + sum(chunks), "itl_s": chunks,
+            "measured": measured}
+
+
+def test_a_chunk_counts_the_requests_decoding_through_it_and_skips_others_prefills():
+    alone_then_two = _request(0.0, 0.2, [0.1] * 6)           # chunks end at 0.3, 0.4, ..., 0.8
+    joins = _request(0.35, 0.55, [0.2] * 2)                  # prefilled 0.35-0.55, decoding 0.55-0.95
+    warm_up = _request(0.0, 0.1, [0.05], measured=False)     # company, but its chunks are not counted
+    chunks = run_drift.step_chunks([alone_then_two, joins, warm_up])
+    # alone_then_two: chunk 0.2-0.3 alone; 0.3-0.4, 0.4-0.5 and 0.5-0.6 overlap the prefill (left out);
+    # 0.6-0.7 and 0.7-0.8 beside `joins`. joins: 0.55-0.75 beside alone_then_two (which ends at 0.8),
+    # 0.75-0.95 beside it for part of the chunk only, so alone.
+    assert [b for b, _ in chunks] == [1, 2, 2, 2, 1]
+    assert [t for _, t in chunks] == pytest.approx([0.1, 0.1, 0.1, 0.2, 0.2])
+
+
+def _lone_run(run_id: str, label: str, chunk: float, n: int = 60) -> tuple[dict, list[dict]]:
+    """A run of `n` one-chunk requests back to back, each alone, every chunk `chunk` seconds."""
+    rows = [dict(_request(2.0 * i, 2.0 * i + 0.5, [chunk]), run=run_id) for i in range(n)]
+    return {"run_id": run_id, "label": label}, rows
+
+
+def test_a_runs_step_slowness_compares_its_steps_with_its_configurations_at_the_same_batch_size():
+    (fast, fast_rows), (slow, slow_rows) = _lone_run("fast", "k1", 0.10), _lone_run("slow", "k1", 0.11)
+    (other, other_rows), (few, few_rows) = _lone_run("other", "k4", 0.30), _lone_run("few", "k2", 0.2, n=10)
+    rows = {"fast": fast_rows, "slow": slow_rows, "other": other_rows, "few": few_rows}
+    got = run_drift.step_slowness([fast, slow, other, few], rows)
+    # k1's reference is the median of both runs' chunks, 0.105 s; k4 has one run, which is its own
+    # reference; k2's 10 chunks are too few for a reference, so that run gets no slowness.
+    assert got == pytest.approx({"fast": 0.10 / 0.105, "slow": 0.11 / 0.105, "other": 1.0})
+    assert got["slow"] / got["fast"] == pytest.approx(1.1)
