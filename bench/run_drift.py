@@ -27,7 +27,8 @@ that speed). The rescaled tables say how far the model misses once the machine's
 out; the issue's goals are scored on the runs as measured.
 
     python bench/run_drift.py runs/latency16/fixed.jsonl [--quiet]
-    python bench/run_drift.py runs/latency17/fixed.jsonl --probes runs/latency17/fixed.probes.jsonl --step-times
+    python bench/run_drift.py bench/results/latency19/fixed.jsonl \
+        --probes bench/results/latency19/fixed.probes.jsonl --step-times
 """
 from __future__ import annotations
 
