@@ -33,6 +33,8 @@ def _fit_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--length-classes", type=int, default=4, help="length classes for mixed traffic (default 4)")
     p.add_argument("--no-prefill-prior", action="store_true",
                    help="fit c2p freely instead of drawing it towards a lone request's TTFT")
+    p.add_argument("--no-draft-floor", action="store_true",
+                   help="fit c2d freely instead of at least c2v (a drafted token's load at least a verify cycle's)")
     p.add_argument("--assume-poisson", action="store_true",
                    help="take every run's arrivals as Poisson (load = rate*L, SPEC §2) even where the "
                         "records state a more regular or burstier process")

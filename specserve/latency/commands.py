@@ -53,7 +53,7 @@ def _options(args: argparse.Namespace, cross_validate: bool) -> FitOptions:
         moe = MoeExperts(int(active), int(experts))
     rules = SaturationRules(rate_tolerance=args.rate_tolerance, growth_tolerance=args.growth_tolerance)
     return FitOptions(moe, rules, args.length_classes, cross_validate, not args.no_prefill_prior,
-                      not args.assume_poisson)
+                      not args.no_draft_floor, not args.assume_poisson)
 
 
 def _model(args: argparse.Namespace):

@@ -12,6 +12,15 @@ the load on whichever it likes, and extrapolating to another E, e.g. plain decod
 runs, fails). The pooled fit therefore adds the pseudo-observation that c2p equals a lone request's
 measured time to first token, to within about 25 %; runs that do separate the two (several output
 lengths) outweigh it.
+
+The draft floor, c2d ≥ c2v. Per cycle a co-resident request adds c2v + k·c2d to everyone's latency: its
+row in the verify pass (plus any per-request work of a cycle) and, per drafted token, another verify row
+plus its share of the draft passes (SPEC §2.2: "draft pass plus the marginal verify cost"). A drafted
+token therefore adds at least what a row adds, and the fit holds c2d ≥ c2v by fitting c2d − c2v ≥ 0 in
+its place. Without the bound, speculative runs alone (no plain decoding to pin c2v) can put load on c2v
+that belongs to the drafts, and plain decoding predicted from them (k = 0: C2 = c2p + g·c2v) comes out far
+too slow. `--no-draft-floor` turns it off, for a server whose per-request work per cycle outweighs
+its draft (then c2v may exceed c2d).
 """
 from __future__ import annotations
 
@@ -60,69 +69,85 @@ PRIOR_SPREAD = 0.25  # the prefill prior: c2p is the lone TTFT to within about �
 
 def fit_demands(rate: np.ndarray, latency: np.ndarray, X: np.ndarray,
                 priors: Sequence[tuple[int, float]] = (), cv: np.ndarray | float = 1.0,
-                lifetimes: Sequence[Lifetimes] | None = None):
+                lifetimes: Sequence[Lifetimes] | None = None, floors: Sequence[tuple[int, int]] = ()):
     """θ = (θ1, θ2) ≥ 0 minimising Σ((L̂ − L)/L)² with L̂ = X·θ1 + X·θ2·company(λ·L̂) (X·θ1/(1 − λ·X·θ2)
     for Poisson arrivals, `cv` = 1; each run's `lifetimes`, equal if not given; arrivals.py), plus, for
     each prior (j, v), the pseudo-observation θ_j = v. A prior is weighed against the runs' own scatter s
     (the RMS relative residual of the fit without priors): its residual is (θ_j − v)/v · s/PRIOR_SPREAD, so
     precise data that identify θ_j override it and it decides only directions the data leave flat.
-    Returns (θ, kept columns, CIs)."""
+    Each floor (i, j) bounds θ_i ≥ θ_j: the fit runs in θ' = P⁻¹·θ, with θ'_i = θ_i − θ_j ≥ 0.
+    Returns (θ, kept columns of θ', CIs of θ)."""
     cv = np.broadcast_to(np.asarray(cv, dtype=float), rate.shape)
     mix = [EQUAL] * len(rate) if lifetimes is None else list(lifetimes)
-    theta, keep, cis, relative = _fit_demands(rate, latency, X, (), cv, mix)
+    P = np.eye(2 * X.shape[1])
+    for above, below in floors:
+        P[above, below] = 1.0
+    theta, keep, cis, relative = _fit_demands(rate, latency, X, (), cv, mix, P)
     if priors:
         scatter = float(np.sqrt(np.mean(relative ** 2)))
         theta, keep, cis, _ = _fit_demands(rate, latency, X, [(j, v, scatter / PRIOR_SPREAD) for j, v in priors],
-                                           cv, mix)
+                                           cv, mix, P)
     return theta, keep, cis
 
 
 def _fit_demands(rate: np.ndarray, latency: np.ndarray, X: np.ndarray, priors: Sequence[tuple[int, float, float]],
-                 cv: np.ndarray, lifetimes: list[Lifetimes]):
+                 cv: np.ndarray, lifetimes: list[Lifetimes], P: np.ndarray):
     """The fit above; each prior (j, v, w) adds the residual w·(θ_j − v)/v. Also returns the runs'
     relative residuals (L̂ − L)/L."""
     from scipy.optimize import least_squares
 
     n, q = X.shape
     in_flight = np.array([company(b, c, m) for b, c, m in zip(rate * latency, cv, lifetimes)])  # each run's company
-    A, y, weights = np.hstack([X, in_flight[:, None] * X]), latency, 1 / latency
+    A, y, weights = np.hstack([X, in_flight[:, None] * X]) @ P, latency, 1 / latency
     for j, value, weight in priors:
-        A, y, weights = np.vstack([A, np.eye(2 * q)[j]]), np.append(y, value), np.append(weights, weight / value)
-    theta, keep, cis = nonneg_weighted_lstsq(A, y, weights)
+        A, y, weights = np.vstack([A, P[j]]), np.append(y, value), np.append(weights, weight / value)
+    fitted, keep, _ = nonneg_weighted_lstsq(A, y, weights)  # θ' (θ = P·θ')
     if not keep:
         raise SpecServeError("latency data carry no information to fit (all features are zero)")
     free = np.array(keep)
+
+    def full(theta_free: np.ndarray) -> np.ndarray:
+        return P[:, free] @ theta_free
+
     # The linear guess can put the busiest runs past saturation (λ·C2 ≥ 1), where C1/(1 − λ·C2) means
     # nothing: start from C2 scaled back until every run is below it.
-    busiest = float(np.max(rate * (X @ theta[q:])))
+    start = fitted[free]
+    busiest = float(np.max(rate * (X @ full(start)[q:])))
     if busiest >= _MAX_START_LOAD:
-        theta[q:] *= _MAX_START_LOAD / busiest
+        start = start * np.where(free >= q, _MAX_START_LOAD / busiest, 1.0)
 
     def predict(theta_free: np.ndarray) -> np.ndarray:
-        full = np.zeros(2 * q)
-        full[free] = theta_free
-        c2 = X @ full[q:]
+        theta = full(theta_free)
+        c2 = X @ theta[q:]
         room = 1.0 - rate * c2
         # Past saturation the model has no finite latency. The penalty grows with the overshoot and does
         # not scale with C1: a clamped C1/ε let C1 -> 0 'fit' a saturated point (and ruin every other).
         stable = room > 1e-6
-        return np.where(stable, loaded_latency(X @ full[:q], np.where(stable, c2, 0.0), rate, cv, lifetimes),
+        return np.where(stable, loaded_latency(X @ theta[:q], np.where(stable, c2, 0.0), rate, cv, lifetimes),
                         latency * 1e3 * (1.0 + 1e3 * (1e-6 - room)))
 
     def residuals(theta_free: np.ndarray) -> np.ndarray:
         relative = (predict(theta_free) - latency) / latency
-        full = np.zeros(2 * q)
-        full[free] = theta_free
-        return np.append(relative, [weight * (full[j] - value) / value for j, value, weight in priors])
+        theta = full(theta_free)
+        return np.append(relative, [weight * (theta[j] - value) / value for j, value, weight in priors])
 
-    res = least_squares(residuals, np.maximum(theta[free], 1e-12), bounds=(0.0, np.inf), method="trf",
+    res = least_squares(residuals, np.maximum(start, 1e-12), bounds=(0.0, np.inf), method="trf",
                         x_scale="jac")
-    if np.sum(res.fun ** 2) <= np.sum(residuals(theta[free]) ** 2):
-        theta[free] = res.x
-        cis = [None] * (2 * q)
-        for j, ci in zip(keep, confidence_intervals(res.x, res.jac, res.fun)):
-            cis[j] = ci
-    return theta, keep, cis, residuals(theta[free])[:n]
+    best = res.x if np.sum(res.fun ** 2) <= np.sum(residuals(start) ** 2) else start
+    # Intervals on θ = P·θ' from the linearised covariance of θ' (least-squares Jacobian at the answer).
+    jac = res.jac if best is res.x else _jacobian(residuals, best)
+    cis = [None] * (2 * q)
+    for j, ci in zip(keep, confidence_intervals(best, jac, residuals(best), P[np.ix_(free, free)])):
+        cis[j] = ci
+    theta = np.zeros(2 * q)
+    theta[free] = full(best)[free]  # a coefficient the data cannot identify is held at 0
+    return theta, keep, cis, residuals(best)[:n]
+
+
+def _jacobian(f, x: np.ndarray) -> np.ndarray:
+    """Forward-difference Jacobian of the vector function f at x."""
+    f0, steps = f(x), 1e-6 * np.maximum(np.abs(x), 1e-9)
+    return np.column_stack([(f(x + h * e) - f0) / h for h, e in zip(steps, np.eye(len(x)))])
 
 
 def latency_of(split: MoeDemands, rate: float, moe: MoeExperts | None, k: int, cv: float = 1.0,
@@ -179,7 +204,7 @@ class E2EModel:
 
 
 def fit_e2e(runs: Sequence[BenchRun], moe: MoeExperts | None = None, pooled: bool = True,
-            prefill_prior: bool = True) -> E2EModel:
+            prefill_prior: bool = True, draft_floor: bool = True) -> E2EModel:
     """Pooled: the six coefficients across all configurations (E, g, k per run), c2p drawn towards a lone
     request's TTFT unless `prefill_prior` is false (or the model is MoE, whose c2p splits in two). Not
     pooled: one configuration's (C1, C2)."""
@@ -194,8 +219,9 @@ def fit_e2e(runs: Sequence[BenchRun], moe: MoeExperts | None = None, pooled: boo
     priors = []
     if pooled and moe is None and prefill_prior:
         priors = [(names.index("c2p"), lone_prefill(runs))]
+    floors = [(names.index("c2d"), names.index("c2v"))] if pooled and moe is None and draft_floor else []
     cv = np.array([r.cv for r in runs])
-    theta, keep, cis = fit_demands(rate, latency, X, priors, cv, [r.lifetimes for r in runs])
+    theta, keep, cis = fit_demands(rate, latency, X, priors, cv, [r.lifetimes for r in runs], floors)
     typical = float(np.median(cv))  # the traffic predictions are for unless told (1 = Poisson)
     # The fit may leave a configuration with C1 = 0 only through degenerate data; report it as such.
     provisional = E2EModel(FittedCoefficients.build(names, theta, keep, cis, latency, latency),

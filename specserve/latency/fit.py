@@ -30,6 +30,7 @@ class FitOptions:
     n_length_classes: int = 4
     cross_validate: bool = True
     prefill_prior: bool = True  # draw c2p towards a lone request's TTFT (e2e.py)
+    draft_floor: bool = True  # a drafted token adds at least what a verify cycle does to load, c2d ≥ c2v (e2e.py)
     arrival_regularity: bool = True  # count the company the runs' stated arrival CV gives (arrivals.py);
     # False treats every run as Poisson, SPEC §2's λ·L
 
@@ -78,7 +79,7 @@ def _configurations(runs: Sequence[BenchRun], moe: MoeExperts | None, notes: lis
 def fit_model(runs: Sequence[BenchRun], moe: MoeExperts | None = None,
               samples: dict[str, RequestSample] | None = None, n_length_classes: int = 4,
               notes: list[str] | None = None, per_configuration: bool = True,
-              prefill_prior: bool = True) -> LatencyModel:
+              prefill_prior: bool = True, draft_floor: bool = True) -> LatencyModel:
     """Fit every component on the given (pre-saturation) runs; `per_configuration` adds each
     configuration's own (C1, C2) fit, which predictions do not use."""
     runs, samples, notes = list(runs), samples or {}, notes if notes is not None else []
@@ -89,7 +90,7 @@ def fit_model(runs: Sequence[BenchRun], moe: MoeExperts | None = None,
         classes = length_classes(np.concatenate([s.prompt_tokens for s in used]),
                                  np.concatenate([s.output_tokens for s in used]), n_length_classes)
     model = LatencyModel(
-        e2e=fit_e2e(runs, moe, prefill_prior=prefill_prior), ttft=fit_phase("ttft", runs), tpot=fit_phase("tpot", runs),
+        e2e=fit_e2e(runs, moe, prefill_prior=prefill_prior, draft_floor=draft_floor), ttft=fit_phase("ttft", runs), tpot=fit_phase("tpot", runs),
         tails=TailModel({}), prompt_tokens=statistics.fmean(r.prompt_tokens for r in runs),
         output_tokens=statistics.fmean(r.output_tokens for r in runs), prefill_per_token=slope,
         length_classes=classes, configurations=_configurations(runs, moe, notes, per_configuration))
@@ -122,10 +123,15 @@ def fit_runs(runs: Sequence[BenchRun], options: FitOptions | None = None,
     kept = [replace(r, lifetimes=Lifetimes.of(samples[r.source].output_tokens)) if r.source in samples else r
             for r in kept]
     model = fit_model(kept, options.moe, samples, options.n_length_classes, notes,
-                      prefill_prior=options.prefill_prior)
+                      prefill_prior=options.prefill_prior, draft_floor=options.draft_floor)
     if options.prefill_prior and options.moe is None:
         notes.append(f"c2p drawn towards a lone request's TTFT ({lone_prefill(kept):.3g} s, prefill prior; "
                      "--no-prefill-prior fits without it)")
+    coefficients = model.e2e.coefficients
+    if (options.draft_floor and options.moe is None and "c2d" not in coefficients.not_identifiable
+            and coefficients["c2d"] <= coefficients["c2v"] * (1 + 1e-6)):
+        notes.append("c2d held at its floor c2v (a drafted token adds at least the load a verify cycle adds; "
+                     "--no-draft-floor fits without it)")
     notes.append(_arrival_note(kept, options.arrival_regularity, model.arrival_cv))
     measured = [(samples[r.source].company, r) for r in kept
                 if r.source in samples and samples[r.source].company is not None]
@@ -139,7 +145,7 @@ def fit_runs(runs: Sequence[BenchRun], options: FitOptions | None = None,
     if options.cross_validate:
         def refit(train: list[BenchRun]) -> LatencyModel:
             return fit_model(train, options.moe, samples, options.n_length_classes, [], per_configuration=False,
-                             prefill_prior=options.prefill_prior)
+                             prefill_prior=options.prefill_prior, draft_floor=options.draft_floor)
         noise = {source: std for source, s in samples.items() if (std := s.e2e_noise_std()) is not None}
         for by in groupings(kept):
             crossval[by] = cross_validate(kept, by, refit, noise)

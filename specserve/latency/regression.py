@@ -65,15 +65,18 @@ def t_quantile(dof: int) -> float:
 
 
 def confidence_intervals(values: np.ndarray, jac: np.ndarray, residuals: np.ndarray,
-                         ) -> list[tuple[float, float] | None]:
-    """95% intervals from the linearised covariance s²(JᵀJ)⁻¹; None when there is no residual freedom."""
+                         transform: np.ndarray | None = None) -> list[tuple[float, float] | None]:
+    """95% intervals from the linearised covariance s²(JᵀJ)⁻¹; None when there is no residual freedom.
+    With `transform` T they are the intervals of T·values (covariance T·cov·Tᵀ): the coefficients of a
+    fit made in other parameters."""
     n, p = jac.shape
+    T = np.eye(p) if transform is None else np.asarray(transform, dtype=float)
     if n <= p:
-        return [None] * p
+        return [None] * T.shape[0]
     s2 = float(residuals @ residuals) / (n - p)
-    cov = s2 * np.linalg.pinv(jac.T @ jac)
+    cov = T @ (s2 * np.linalg.pinv(jac.T @ jac)) @ T.T
     half = t_quantile(n - p) * np.sqrt(np.clip(np.diag(cov), 0.0, None))
-    return [(float(v - h), float(v + h)) for v, h in zip(values, half)]
+    return [(float(v - h), float(v + h)) for v, h in zip(T @ values, half)]
 
 
 def nonneg_weighted_lstsq(X: np.ndarray, y: np.ndarray, weights: np.ndarray,
