@@ -206,8 +206,8 @@ class E2EModel:
 def fit_e2e(runs: Sequence[BenchRun], moe: MoeExperts | None = None, pooled: bool = True,
             prefill_prior: bool = True, draft_floor: bool = True) -> E2EModel:
     """Pooled: the six coefficients across all configurations (E, g, k per run), c2p drawn towards a lone
-    request's TTFT unless `prefill_prior` is false (or the model is MoE, whose c2p splits in two). Not
-    pooled: one configuration's (C1, C2)."""
+    request's TTFT unless `prefill_prior` is false (or the model is MoE, whose c2p splits in two), and
+    c2d ≥ c2v unless `draft_floor` is false (dense weights only). Not pooled: one configuration's (C1, C2)."""
     if len(runs) < 2:
         raise SpecServeError(f"need at least 2 pre-saturation runs to fit latency, got {len(runs)}")
     rate = np.array([r.achieved_rate for r in runs])

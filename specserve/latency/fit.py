@@ -90,7 +90,8 @@ def fit_model(runs: Sequence[BenchRun], moe: MoeExperts | None = None,
         classes = length_classes(np.concatenate([s.prompt_tokens for s in used]),
                                  np.concatenate([s.output_tokens for s in used]), n_length_classes)
     model = LatencyModel(
-        e2e=fit_e2e(runs, moe, prefill_prior=prefill_prior, draft_floor=draft_floor), ttft=fit_phase("ttft", runs), tpot=fit_phase("tpot", runs),
+        e2e=fit_e2e(runs, moe, prefill_prior=prefill_prior, draft_floor=draft_floor),
+        ttft=fit_phase("ttft", runs), tpot=fit_phase("tpot", runs),
         tails=TailModel({}), prompt_tokens=statistics.fmean(r.prompt_tokens for r in runs),
         output_tokens=statistics.fmean(r.output_tokens for r in runs), prefill_per_token=slope,
         length_classes=classes, configurations=_configurations(runs, moe, notes, per_configuration))
@@ -129,7 +130,7 @@ def fit_runs(runs: Sequence[BenchRun], options: FitOptions | None = None,
                      "--no-prefill-prior fits without it)")
     coefficients = model.e2e.coefficients
     if (options.draft_floor and options.moe is None and "c2d" not in coefficients.not_identifiable
-            and coefficients["c2d"] <= coefficients["c2v"] * (1 + 1e-6)):
+            and 0 < coefficients["c2v"] and coefficients["c2d"] <= coefficients["c2v"] * (1 + 1e-6)):
         notes.append("c2d held at its floor c2v (a drafted token adds at least the load a verify cycle adds; "
                      "--no-draft-floor fits without it)")
     notes.append(_arrival_note(kept, options.arrival_regularity, model.arrival_cv))

@@ -28,11 +28,12 @@ def _held_out(report) -> tuple[str, str]:
 
 
 @pytest.mark.parametrize("sweep, prefix", [("latency18", "| latency18, latency17's command repeated"),
-                                           ("latency19", "| latency19, latency18's command repeated")])
+                                           ("latency19", "| latency19, latency18's command repeated"),
+                                           ("latency20", "| **latency20**, latency19's command repeated")])
 def test_readme_row_matches_the_committed_results(sweep, prefix):
     report = validate_files([RESULTS / sweep / "fixed.jsonl"])
     assert not report.excluded  # 40 of 40 runs kept, as the README says
-    headline = re.search(r"\| ([\d.]+) / (?:\*\*)?([\d.]+) %(?:\*\*)? \|", _row(prefix))
+    headline = re.search(r"\| (?:\*\*)?([\d.]+) / (?:\*\*)?([\d.]+) %(?:\*\*)? \|", _row(prefix))
     assert headline, prefix
     assert _held_out(report) == headline.groups()
 
@@ -42,11 +43,12 @@ def test_readme_in_run_speed_row_matches_the_committed_results():
     run_drift = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(run_drift)
     got = []
-    for sweep in ("latency18", "latency19"):
+    for sweep in ("latency18", "latency19", "latency20"):
         results = RESULTS / sweep / "fixed.jsonl"
         slow = run_drift.step_slowness(run_drift.read_runs(results), run_drift.read_request_rows(results))
         runs = [run_drift.at_median_speed(r, slow[r.run_key]) for r in load_runs([results])]
         assert len(runs) == 40  # every run has a slowness
         got += _held_out(fit_runs(runs, FitOptions()))
-    row = _row("| latency18 / latency19 at the in-run speed")
-    assert re.search(r"\| ([\d.]+) / ([\d.]+) %, ([\d.]+) / ([\d.]+) % \|", row).groups() == tuple(got)
+    row = _row("| latency18 / latency19 / latency20 at the in-run speed")
+    e2e = row.split(" | ")[2]  # the E2E MAPE cell: "rate / configuration %" per sweep
+    assert tuple(n for pair in re.findall(r"([\d.]+) / ([\d.]+) %", e2e) for n in pair) == tuple(got)
