@@ -20,7 +20,7 @@ import torch
 
 
 class FeatureRecorder:
-    """An engine's `hidden_observer`: the target's final hidden state of every position each request runs,
+    """An engine's hidden-state tap (engine/executor.py): the target's final hidden state of every position each request runs,
     rows[request_id] [prompt + max_tokens, hidden] (a recomputed position after preemption overwrites)."""
 
     def __init__(self):
@@ -54,7 +54,8 @@ def target_replies(target_name: str, prompts: list[tuple[str, list[int]]], path:
         eos = llm.tokenizer.eos_token_ids
         recorder = None
         if features is not None:
-            recorder = llm.engine.hidden_observer = FeatureRecorder()
+            recorder = FeatureRecorder()
+            llm.engine.executor.hidden_taps.append(recorder)
         # The target runs the last kept token (its hidden state is a feature) only to sample one more: drop that.
         extra = int(recorder is not None)
         index = {key: i for i, (key, _) in enumerate(prompts)}

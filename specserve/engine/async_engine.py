@@ -56,12 +56,20 @@ class AsyncLLMEngine:
     def num_requests(self) -> int:
         return len(self._streams)
 
-    # Read from the event loop while the step thread runs: each is one len() of a list the step
-    # thread owns, atomic under the GIL, so a scrape sees a consistent (if momentary) value.
+    # Read from the event loop while the step thread runs: each is one read of state the step thread
+    # owns, atomic under the GIL, so a scrape sees a consistent (if momentary) value.
     @property
     def num_running(self) -> int:
         """Requests holding a batch slot."""
-        return len(self.engine.scheduler.running)
+        return self.engine.num_running
+
+    @property
+    def kv_usage(self) -> float:
+        return self.engine.kv_usage
+
+    @property
+    def draft_names(self) -> list[str]:
+        return self.engine.draft_names
 
     @property
     def num_waiting(self) -> int:

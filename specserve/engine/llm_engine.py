@@ -1,5 +1,10 @@
-"""LLMEngine: add requests, call `step()` until done. One step = schedule -> propose -> one target
-forward over prefill chunks, decodes and (k+1)-token verifies together -> sample/verify -> commit."""
+"""LLMEngine: add requests, call `step()` until done. One step (docs/design.md §5):
+
+    plan = scheduler.schedule(policy)        who runs, how many tokens each, how many drafts each
+    result = executor.execute(plan)          draft -> one target forward -> sample/verify (one host transfer)
+    committed = scheduler.update(plan, result)    append tokens, stop, finish, release KV
+    outputs, feedback                        deltas for the callers, outcomes and times for the policy
+"""
 from __future__ import annotations
 
 import itertools
@@ -7,19 +12,18 @@ import time
 
 import torch
 
+from specserve.batch import DraftOutcome, StepFeedback, StepPlan, StepResult
 from specserve.engine.block_manager import BlockManager
 from specserve.engine.config import EngineConfig
-from specserve.engine.model_runner import ForwardItem, ModelRunner, available_memory_bytes, kv_bytes_per_block
+from specserve.engine.executor import Executor
+from specserve.engine.model_runner import ModelRunner, available_memory_bytes, kv_bytes_per_block
 from specserve.engine.outputs import RequestOutput, StepStats
-from specserve.engine.sampler import chosen_logprobs, to_probs
 from specserve.engine.sampling_params import SamplingParams
 from specserve.engine.scheduler import Scheduler
 from specserve.engine.sequence import Sequence, Status
 from specserve.errors import InvalidRequestError, SpecServeError
-from specserve.model.kernels import argmax_rows
 from specserve.model.loader import load_model
-from specserve.spec.controller import StaticController
-from specserve.spec.rejection_sampler import rejection_sample
+from specserve.spec.policies import make_policy
 from specserve.spec.setup import build_proposer, load_drafts
 
 GiB = 1 << 30
@@ -54,14 +58,12 @@ class LLMEngine:
                                  f"tokens, fewer than max_model_len {self.max_model_len} + {k}; "
                                  "raise --kv-cache-memory or lower --max-model-len")
         self.runner = ModelRunner(target.model, num_blocks, config.block_size)
-        self.proposer = build_proposer(spec, drafts, target, num_blocks, config.block_size) if spec else None
-        self.controller = StaticController(k, self.max_model_len) if spec else None
-        # Called as (seq, start, rows [n, hidden]) with the target's final hidden state of every committed
-        # position, as an EAGLE draft gets them: `specserve distill` records target features while it generates.
-        self.hidden_observer = None
+        make_runner = lambda model: ModelRunner(model, num_blocks, config.block_size)  # noqa: E731
+        self.proposer = build_proposer(spec, drafts, target, make_runner) if spec else None
+        self.policy = make_policy(spec.policy, k, spec.policy_options) if spec else None
+        self.executor = Executor(self.runner, self.proposer, self.policy)
         self.scheduler = Scheduler(BlockManager(num_blocks, config.block_size), config.max_num_seqs,
-                                   config.max_num_batched_tokens,
-                                   self.controller.draft_limit if self.controller else (lambda seq: 0))
+                                   config.max_num_batched_tokens, self.max_model_len, k)
         self.requests: dict[str, Sequence] = {}
         self._aborted: list[Sequence] = []
         self._ids = itertools.count()
@@ -110,147 +112,75 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return bool(self.requests) or bool(self._aborted)
 
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def kv_usage(self) -> float:
+        """Fraction of KV cache blocks in use."""
+        return self.scheduler.blocks.usage
+
+    @property
+    def draft_names(self) -> list[str]:
+        """The drafts requests are routed between (empty unless several)."""
+        return list(getattr(self.proposer, "names", ()))
+
     # ---- the step --------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        stats = StepStats()
-        t0 = time.perf_counter()
-        outputs = [self._output(seq, []) for seq in self._aborted]
+        outputs = [self._output(seq, [], None) for seq in self._aborted]
         self._aborted.clear()
-        sched = self.scheduler.schedule()
-        decodes, prefills = sched.decodes, sched.prefills
-        stats.num_preempted = len(sched.preempted)
+        t0 = time.perf_counter()
+        plan = self.scheduler.schedule(self.policy)
         t1 = time.perf_counter()
-        stats.t_schedule = t1 - t0
-        if sched.is_empty:
-            self.last_stats = stats
+        if plan.is_empty:
+            self.last_stats = StepStats(num_preempted=len(plan.preempted), t_schedule=t1 - t0)
             return outputs
-        drafts: list[list[int]] = [[] for _ in decodes]
-        draft_probs = None
-        wants_drafts = any(s.max_drafts for s in decodes)
-        if self.proposer is not None and (wants_drafts or (prefills and self.proposer.has_cache)):
-            proposal = self.proposer.propose(prefills, decodes, self.controller)
-            drafts, draft_probs = proposal.token_ids, proposal.probs
+        result = self.executor.execute(plan)
         t2 = time.perf_counter()
-        stats.t_draft = t2 - t1
-
-        items, verify = [], []  # verify: (seq, drafts, decode index or None) for rows that sample
-        for i, (s, d) in enumerate(zip(decodes, drafts)):
-            seq = s.seq
-            items.append(ForwardItem(seq.token_ids[seq.num_computed:] + d, len(seq.token_ids) + len(d),
-                                     seq.block_table, 1 + len(d)))
-            verify.append((seq, d, i))
-        for s in prefills:
-            seq, end = s.seq, s.seq.num_computed + s.num_tokens
-            completes = end == len(seq.token_ids)
-            items.append(ForwardItem(seq.token_ids[seq.num_computed:end], end, seq.block_table, int(completes)))
-            if completes:
-                verify.append((seq, [], None))
-            else:
-                seq.num_computed = end
-            if seq.first_scheduled_time is None:
-                seq.first_scheduled_time = time.monotonic()
-        observers = []  # who reads the target's hidden state of every committed position
-        if self.proposer is not None and self.proposer.reads_target_hidden:
-            observers.append(self.proposer.observe_target)
-        if self.hidden_observer is not None:
-            observers.append(self.hidden_observer)
-        logits, hidden = self.runner.forward(items, all_hidden=bool(observers))
-        t3 = time.perf_counter()
-        stats.t_forward = t3 - t2
-
-        committed, rows = self._verify(logits, verify, draft_probs)
-        if observers:
-            start = 0
-            for j, item in enumerate(items):
-                seq = decodes[j].seq if j < len(decodes) else prefills[j - len(decodes)].seq
-                valid = len(committed[j]) if j < len(decodes) else len(item.token_ids)
-                for observe in observers:
-                    observe(seq, item.ctx_len - len(item.token_ids), hidden[start:start + valid])
-                start += len(item.token_ids)
-        t4 = time.perf_counter()
-        stats.t_sample = t4 - t3
-
-        now = time.monotonic()
-        for (seq, d, decode_index), tokens, seq_rows in zip(verify, committed, rows):
-            if d:
-                seq.spec.record(len(d), len(tokens) - 1)
-                stats.record(len(d), len(tokens) - 1)
-            if decode_index is not None:
-                stats.draft_lengths.append(len(d))
-            logprobs = (chosen_logprobs(logits[seq_rows[:len(tokens)]], tokens)
-                        if seq.params.logprobs else [None] * len(tokens))
-            new = []
-            finished = False
-            for tok, lp in zip(tokens, logprobs):
-                new.append(tok)
-                if seq.append_token(tok, self.tokenizer, lp):
-                    finished = True
-                    break
-            if seq.first_token_time is None:
-                seq.first_token_time = now
-            if finished:
-                seq.status, seq.finished_time = Status.FINISHED, now
-                self.scheduler.remove(seq)
+        committed = self.scheduler.update(plan, result, self.tokenizer)
+        for seq, new, logprobs in committed:
+            if seq.status == Status.FINISHED:
                 self.requests.pop(seq.request_id, None)
-            else:
-                seq.num_computed = len(seq.token_ids) - 1
-                self.scheduler.blocks.shrink(seq.block_table, len(seq.token_ids))  # release rejected slots
-                if self.proposer is not None:
-                    self.proposer.on_commit(seq, len(tokens))
-            outputs.append(self._output(seq, new))
-        stats.num_decodes = len(decodes)
-        stats.num_prefill_tokens = sum(s.num_tokens for s in prefills)
-        stats.num_running, stats.num_waiting = len(self.scheduler.running), len(self.scheduler.waiting)
-        stats.kv_usage = self.scheduler.blocks.usage
-        stats.t_other = time.perf_counter() - t4
-        if self.controller is not None:
-            self.controller.observe(stats)
-        self.last_stats = stats
+            elif self.proposer is not None:
+                self.proposer.on_commit(seq, len(new))
+            outputs.append(self._output(seq, new, logprobs))
+        result.times.schedule, result.times.update = t1 - t0, time.perf_counter() - t2
+        self._record(plan, result)
         return outputs
 
-    def _verify(self, logits: torch.Tensor, verify, draft_probs) -> tuple[list[list[int]], list[list[int]]]:
-        """Rejection-sample every sampling row group; returns committed tokens and each group's logit rows."""
-        rows, start = [], 0
-        for _, d, _ in verify:
-            rows.append(list(range(start, start + len(d) + 1)))
-            start += len(d) + 1
-        k = max((len(d) for _, d, _ in verify), default=0)
-        argmax = argmax_rows(logits).tolist()  # padded in Python: one tensor each, not one op per row
-        committed: list[list[int] | None] = [None] * len(verify)
-        for greedy in (True, False):
-            group = [i for i, (seq, _, _) in enumerate(verify) if seq.params.greedy == greedy]
-            if not group:
-                continue
-            n = len(group)
-            padded_argmax = torch.tensor([argmax[rows[i][0]:rows[i][-1] + 1] + [0] * (k + 1 - len(rows[i]))
-                                          for i in group], dtype=torch.long)  # [n, k + 1]
-            draft_ids = torch.tensor([verify[i][1] + [0] * (k - len(verify[i][1])) for i in group],
-                                     dtype=torch.long, device=logits.device).view(n, k)
-            p = q = None
-            if not greedy:
-                p = logits.new_zeros(n, k + 1, logits.shape[-1])
-                for g, i in enumerate(group):
-                    p[g, :len(rows[i])] = to_probs(logits[rows[i]], [verify[i][0].params] * len(rows[i]))
-                if draft_probs is not None and k:
-                    idx = [verify[i][2] if verify[i][2] is not None else 0 for i in group]
-                    q = draft_probs[idx, :k]
-            result = rejection_sample(padded_argmax, p, draft_ids, q, [len(verify[i][1]) for i in group],
-                                      [None if greedy else verify[i][0].generator for i in group])
-            for g, i in enumerate(group):
-                committed[i] = result[g]
-        return committed, rows
+    def _record(self, plan: StepPlan, result: StepResult) -> None:
+        """Step statistics for metrics and benchmarks; outcomes and phase times for the policy."""
+        times, proposal = result.times, result.proposal
+        stats = StepStats(num_decodes=len(plan.decodes), num_preempted=len(plan.preempted),
+                          num_prefill_tokens=sum(s.num_tokens for s in plan.prefills),
+                          draft_lengths=list(proposal.lengths), t_schedule=times.schedule, t_draft=times.draft,
+                          t_forward=times.forward, t_sample=times.sample, t_other=times.update,
+                          num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
+                          kv_usage=self.scheduler.blocks.usage)
+        outcomes = []
+        for i, (s, length) in enumerate(zip(plan.decodes, proposal.lengths)):
+            accepted = len(result.committed[i]) - 1
+            if length:
+                stats.record(length, accepted)
+            outcomes.append(DraftOutcome(s.seq.request_id, proposal.sources[i], length, accepted,
+                                         result.confidences[i] if result.confidences else None))
+        self.last_stats = stats
+        if self.policy is not None and plan.view is not None:
+            self.policy.observe(StepFeedback(plan.view, outcomes, times, len(plan.decodes) + sum(proposal.lengths),
+                                             stats.num_prefill_tokens))
 
-    def _output(self, seq: Sequence, new_tokens: list[int]) -> RequestOutput:
+    def _output(self, seq: Sequence, new: list[int], logprobs: list[float] | None) -> RequestOutput:
         finished = seq.status == Status.FINISHED
-        spec = seq.spec.as_dict()
-        if seq.draft_index is not None:  # several drafts: say which one served the request
-            spec["draft"] = self.proposer.names[seq.draft_index]
-        return RequestOutput(
-            request_id=seq.request_id, prompt=seq.prompt, prompt_token_ids=seq.token_ids[:seq.num_prompt_tokens],
-            text=seq.text, token_ids=seq.output_token_ids, delta_text=seq.take_new_text(),
-            delta_token_ids=new_tokens, finished=finished, finish_reason=seq.finish_reason,
-            stop_reason=seq.stop_reason, logprobs=list(seq.logprobs) if seq.params.logprobs else None,
-            spec=spec,
-            metrics={"arrival_time": seq.arrival_time, "first_scheduled_time": seq.first_scheduled_time,
-                     "first_token_time": seq.first_token_time, "finished_time": seq.finished_time,
-                     "num_prompt_tokens": seq.num_prompt_tokens, "num_output_tokens": seq.num_output_tokens})
+        out = RequestOutput(seq.request_id, new, seq.take_new_text(), logprobs, finished, seq.num_prompt_tokens,
+                            seq.num_output_tokens, seq.finish_reason, seq.stop_reason)
+        if finished:
+            out.prompt, out.prompt_token_ids = seq.prompt, seq.token_ids[:seq.num_prompt_tokens]
+            out.text, out.token_ids = seq.text, seq.output_token_ids
+            out.logprobs = list(seq.logprobs) if seq.params.logprobs else None
+            out.spec = seq.spec.as_dict()
+            if seq.draft_index is not None:  # several drafts: say which one served the request
+                out.spec["draft"] = self.proposer.names[seq.draft_index]
+            out.metrics = {"arrival_time": seq.arrival_time, "first_scheduled_time": seq.first_scheduled_time,
+                           "first_token_time": seq.first_token_time, "finished_time": seq.finished_time}
+        return out

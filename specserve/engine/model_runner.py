@@ -2,22 +2,14 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import torch
 
+from specserve.batch import ForwardItem
 from specserve.model.attention import AttentionMetadata, allocate_kv_cache
 from specserve.model.kernels import short_attention_supported
 from specserve.model.llama import LlamaModel
 from specserve.model.packed_linear import pack_linears
-
-
-@dataclass(slots=True)
-class ForwardItem:
-    token_ids: list[int]    # new tokens of this sequence, ending at position ctx_len - 1
-    ctx_len: int            # sequence length including the new tokens
-    block_table: list[int]
-    num_logits: int         # logits wanted for the last `num_logits` new tokens (0..len(token_ids))
 
 
 def kv_bytes_per_block(model: LlamaModel, block_size: int, dtype: torch.dtype) -> int:
@@ -47,18 +39,27 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, items: list[ForwardItem], features: torch.Tensor | None = None,
-                all_hidden: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                all_hidden: bool = False, device_ids: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (logits [R, vocab] float32, hidden [R, hidden]) for the requested rows, in item order;
         with `all_hidden`, hidden is [T, hidden] for every new token instead. features: [T, hidden], the
-        per-token input of an EAGLE draft."""
-        meta = AttentionMetadata.build([len(it.token_ids) for it in items], [it.ctx_len for it in items],
+        per-token input of an EAGLE draft. device_ids: [sum of num_device_tokens] token ids already on the
+        device (drafts), placed after each item's host tokens."""
+        meta = AttentionMetadata.build([it.num_tokens for it in items], [it.ctx_len for it in items],
                                        [it.block_table for it in items], self.block_size, self.device,
                                        self.config.sliding_window, self.short_kernel)
-        ids = torch.tensor([t for it in items for t in it.token_ids], dtype=torch.long, device=self.device)
+        ids = torch.tensor([t for it in items for t in it.token_ids + [0] * it.num_device_tokens],
+                           dtype=torch.long, device=self.device)
+        if device_ids is not None and len(device_ids):
+            slots, start = [], 0
+            for it in items:
+                slots.extend(range(start + len(it.token_ids), start + it.num_tokens))
+                start += it.num_tokens
+            ids[torch.tensor(slots, dtype=torch.long, device=self.device)] = device_ids
         hidden = self.model(ids, meta, self.kv_cache, features)
         rows, end = [], 0
         for it in items:
-            end += len(it.token_ids)
+            end += it.num_tokens
             rows.extend(range(end - it.num_logits, end))
         if len(rows) == hidden.shape[0]:
             selected = hidden

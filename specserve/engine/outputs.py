@@ -1,4 +1,4 @@
-"""What the engine hands back: per-request outputs and per-step statistics."""
+"""What the engine hands back: per-request outputs (deltas, then totals once finished) and per-step stats."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -8,25 +8,31 @@ from specserve.engine.sequence import SpecStats
 
 @dataclass(slots=True)
 class RequestOutput:
+    """One step's news about one request. While it runs, only the delta fields are filled: nothing here grows
+    with the request's length. The last output (`finished`) also carries the totals."""
     request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    text: str                      # all text so far (stop string excluded)
-    token_ids: list[int]           # all generated tokens so far
-    delta_text: str                # text new since the previous output of this request
-    delta_token_ids: list[int]
+    delta_token_ids: list[int]     # tokens committed this step
+    delta_text: str                # text new since the previous output (a possible stop string held back)
+    delta_logprobs: list[float] | None  # raw log-probability of each delta token, if the request asked
     finished: bool
-    finish_reason: str | None      # "stop" | "length" | "abort"
-    stop_reason: str | int | None  # the stop string or stop token id that ended the request
-    logprobs: list[float] | None
-    spec: dict                     # speculation stats of this request (SpecStats.as_dict())
-    metrics: dict                  # arrival, first scheduled, first token, finished (monotonic seconds)
+    num_prompt_tokens: int
+    num_output_tokens: int         # generated so far, this step's included
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    stop_reason: str | int | None = None  # the stop string or stop token id that ended the request
+    # Totals, set on the final output only:
+    prompt: str | None = None
+    prompt_token_ids: list[int] | None = None
+    text: str | None = None        # all generated text (stop string excluded)
+    token_ids: list[int] | None = None  # all generated tokens
+    logprobs: list[float] | None = None
+    spec: dict | None = None       # speculation stats of this request (SpecStats.as_dict(), plus "draft")
+    metrics: dict | None = None    # arrival, first scheduled, first token, finished (monotonic seconds)
 
 
 @dataclass(slots=True)
 class StepStats(SpecStats):
-    """One engine step. Times in seconds; the controller and the latency model consume these.
-    The speculation counters (num_drafts = requests that carried >= 1 draft token, ...) are SpecStats'."""
+    """One engine step, for metrics and benchmarks. Times in seconds. The speculation counters
+    (num_drafts = requests that carried >= 1 draft token, ...) are SpecStats'."""
     num_decodes: int = 0
     num_prefill_tokens: int = 0
     num_preempted: int = 0
@@ -34,8 +40,8 @@ class StepStats(SpecStats):
     t_schedule: float = 0.0
     t_draft: float = 0.0
     t_forward: float = 0.0         # target forward (the verify pass when drafts are present)
-    t_sample: float = 0.0          # sampling and rejection sampling
-    t_other: float = 0.0           # bookkeeping: commit, detokenize, outputs
+    t_sample: float = 0.0          # sampling and rejection sampling, with the step's device->host transfer
+    t_other: float = 0.0           # commit, detokenize, outputs, policy feedback
     num_running: int = 0
     num_waiting: int = 0
     kv_usage: float = 0.0

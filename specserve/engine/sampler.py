@@ -1,59 +1,86 @@
-"""Sampling: temperature, top-k, top-p, and per-request seeded draws.
+"""The step's sampler: turns the target's logits of every sampling row into committed tokens.
 
-The same two functions serve plain decoding and speculative verification, so that a request with no
-draft tokens samples exactly as it would without speculation (same probabilities, same random draws).
+Plain decoding is verification with zero drafts, so one path serves decodes, (k+1)-token verifies and the
+first token after a prefill, greedy and sampled alike. Rows arrive flattened ([T, V], request i owning
+l_i + 1 consecutive rows); greedy and sampled requests each take one vectorized call of the rejection
+sampler, and the step's results (tokens, logprobs, draft confidences) cross to the host in one transfer.
 """
 from __future__ import annotations
 
 import torch
 
-from specserve.engine.sampling_params import SamplingParams
+from specserve.batch import Proposal, ScheduledSeq
+from specserve.device_sync import to_host
+from specserve.model.kernels import argmax_rows
+from specserve.sampling import RowParams, process, to_probs  # noqa: F401  (to_probs: the processing API)
+from specserve.spec.rejection_sampler import PLACEHOLDER, rejection_sample
 
 
-def to_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-    """logits: [N, V] float32, one row per params entry (no greedy rows) -> probabilities [N, V] after
-    temperature, top-k and top-p (the distribution the request samples from)."""
-    temps = torch.tensor([p.temperature for p in params], dtype=logits.dtype, device=logits.device)
-    logits = logits / temps[:, None]
-    top_k = [p.top_k for p in params]
-    top_p = [p.top_p for p in params]
-    if any(k > 0 for k in top_k) or any(p < 1.0 for p in top_p):
-        logits = _truncate(logits, top_k, top_p)
-    return torch.softmax(logits, dim=-1)
+class Sampler:
+    def __call__(self, logits: torch.Tensor, sampling: list[ScheduledSeq], proposal: Proposal
+                 ) -> tuple[list[list[int]], list[list[float] | None], list[list[float]] | None]:
+        """logits [T, V] float32 of the sampling rows; `sampling`: decodes (proposal.lengths[i] drafts each)
+        then prefills that complete their prompt (no drafts). Returns per request the committed tokens,
+        their raw log-probabilities (None unless asked) and, per decode, the draft's confidences (if any)."""
+        device, vocab = logits.device, logits.shape[-1]
+        lengths = proposal.lengths + [0] * (len(sampling) - len(proposal.lengths))
+        k = max(lengths, default=0)
+        starts, row = [], 0
+        for length in lengths:
+            starts.append(row)
+            row += length + 1
+        argmax = argmax_rows(logits)
+        committed = torch.full((len(sampling), k + 1), PLACEHOLDER, dtype=torch.long, device=device)
+        greedy = [i for i, s in enumerate(sampling) if s.seq.params.greedy]
+        sampled = [i for i, s in enumerate(sampling) if not s.seq.params.greedy]
+        for group in (greedy, sampled):
+            if not group:
+                continue
+            rows = _index([r for i in group for r in range(starts[i], starts[i] + lengths[i] + 1)], device)
+            cells = [(i, j) for i in group if i < len(proposal.lengths) for j in range(lengths[i])]
+            drafts = proposal.token_ids[_index([i for i, _ in cells], device), _index([j for _, j in cells], device)]
+            p = q = gens = None
+            if group is sampled:
+                params = [sampling[i].seq.params for i in group for _ in range(lengths[i] + 1)]
+                p = process(logits[rows], RowParams.build(params, vocab, device))
+                q = _draft_probs(proposal, cells, device)
+                gens = [sampling[i].seq.generator for i in group]
+            out = rejection_sample(argmax[rows], p, drafts, q, [lengths[i] for i in group], gens)
+            committed[_index(group, device), :out.shape[1]] = out
+        logprobs = _logprobs(logits, committed, sampling, starts, lengths)
+        host = to_host(committed, logprobs, proposal.confidences)
+        tokens = [[t for t in r if t != PLACEHOLDER] for r in host[0]]
+        lps: list[list[float] | None] = [None] * len(sampling)
+        if host[1] is not None:
+            wanted = [i for i, s in enumerate(sampling) if s.seq.params.logprobs]
+            for i, r in zip(wanted, host[1]):
+                lps[i] = r[:len(tokens[i])]
+        confidences = None
+        if host[2] is not None:
+            confidences = [r[:length] for r, length in zip(host[2], proposal.lengths)]
+        return tokens, lps, confidences
 
 
-def _truncate(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
-    vocab = logits.shape[-1]
-    if all(p >= 1.0 for p in top_p):
-        # Only top-k: no full sort needed, a k-th largest threshold per row suffices.
-        k = torch.tensor([min(k if k > 0 else vocab, vocab) for k in top_k], device=logits.device)
-        kth = logits.topk(int(k.max()), dim=-1).values.gather(-1, (k - 1)[:, None])
-        return logits.masked_fill(logits < kth, float("-inf"))
-    sorted_logits, order = logits.sort(dim=-1, descending=True)
-    rank = torch.arange(vocab, device=logits.device)
-    k = torch.tensor([k if k > 0 else vocab for k in top_k], device=logits.device)
-    drop = rank[None, :] >= k[:, None]
-    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-    probs = torch.softmax(sorted_logits, dim=-1)
-    mass_before = probs.cumsum(dim=-1) - probs  # probability of the strictly better tokens
-    p = torch.tensor(top_p, dtype=probs.dtype, device=logits.device)
-    drop = mass_before > p[:, None]
-    drop[:, 0] = False  # always keep the most likely token
-    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+def _index(values: list[int], device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.long, device=device)
 
 
-def sample(probs: torch.Tensor, generators: list[torch.Generator]) -> list[int]:
-    """probs: [N, V]; one draw per row from that row's request generator (exponential race: argmax of
-    p / E with E ~ Exp(1) picks token i with probability p_i)."""
-    out = []
-    for row, gen in zip(probs, generators):
-        e = torch.empty_like(row).exponential_(generator=gen)
-        out.append(int((row / e).argmax()))
-    return out
+def _draft_probs(proposal: Proposal, cells: list[tuple[int, int]], device) -> torch.Tensor | None:
+    """q rows [D, V] of the sampled group's drafts (None: every proposal in it deterministic)."""
+    if proposal.probs is None or not cells:
+        return None
+    where = {decode: r for r, decode in enumerate(proposal.sampled)}
+    return proposal.probs[_index([where[i] for i, _ in cells], device), _index([j for _, j in cells], device)]
 
 
-def chosen_logprobs(logits: torch.Tensor, token_ids: list[int]) -> list[float]:
-    """Log-probability of each chosen token under the model's raw distribution. logits: [N, V]."""
-    ids = torch.tensor(token_ids, device=logits.device)[:, None]
-    return torch.log_softmax(logits, dim=-1).gather(-1, ids)[:, 0].tolist()
+def _logprobs(logits, committed, sampling, starts, lengths) -> torch.Tensor | None:
+    """[R, K + 1] raw log-probability of each committed token of the R requests that asked (else None)."""
+    wanted = [i for i, s in enumerate(sampling) if s.seq.params.logprobs]
+    if not wanted:
+        return None
+    k = committed.shape[1] - 1
+    device = logits.device
+    # Row of each (request, slot); slots past a request's verify rows repeat its last row (sliced away later).
+    rows = _index([starts[i] + min(j, lengths[i]) for i in wanted for j in range(k + 1)], device)
+    tokens = committed[_index(wanted, device)].clamp_min(0).view(-1, 1)
+    return torch.log_softmax(logits[rows], dim=-1).gather(1, tokens).view(len(wanted), k + 1)

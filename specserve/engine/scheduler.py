@@ -1,36 +1,25 @@
 """Iteration-level scheduler: decodes first, then chunked prefills, within a token budget.
 
-Every step it (1) gives each running decode 1 token plus room for up to `max_drafts` speculative
-tokens, preempting the most recently admitted request when the KV cache is full (it is recomputed
-later, so nothing is lost); (2) spends the remaining token budget on prefill chunks, first for requests
-already running, then for waiting ones in the order the policy gives.
+`schedule(policy)` (1) gives each running decode its one token, preempting the most recently admitted
+request when the KV cache is full (it is recomputed later, so nothing is lost); (2) asks the speculation
+policy for draft lengths and clamps them (below); (3) spends the remaining token budget on prefill chunks,
+first for requests already running, then for waiting ones in the order the admission policy gives.
+`update(plan, result)` commits what the step produced and releases what it no longer needs.
+
+The clamps, applied to whatever the policy asks, in order: at most the configured ceiling; no more than
+the request can still commit minus its own token (max_tokens, max_model_len); within the step's token
+budget (decodes in batch order); within the free KV slots. Drafts never preempt anyone: speculation is
+optional, a running request's next token is not.
 """
 from __future__ import annotations
 
+import time
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Iterable
 
+from specserve.batch import BatchView, RequestView, ScheduledSeq, StepPlan, StepResult
 from specserve.engine.block_manager import BlockManager
 from specserve.engine.sequence import Sequence, Status
-
-
-@dataclass(slots=True)
-class ScheduledSeq:
-    seq: Sequence
-    num_tokens: int      # target tokens fed this step (prefill chunk length, or 1 for a decode)
-    max_drafts: int = 0  # KV slots reserved for draft tokens (decodes only)
-
-
-@dataclass(slots=True)
-class SchedulerOutput:
-    decodes: list[ScheduledSeq] = field(default_factory=list)
-    prefills: list[ScheduledSeq] = field(default_factory=list)
-    preempted: list[Sequence] = field(default_factory=list)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.decodes and not self.prefills
 
 
 class FCFSPolicy:
@@ -42,12 +31,13 @@ class FCFSPolicy:
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 draft_budget: Callable[[Sequence], int] = lambda seq: 0, policy=None):
+                 max_model_len: int, max_drafts: int = 0, admission=None):
         self.blocks = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.draft_budget = draft_budget  # max draft tokens a decode of this sequence may carry
-        self.policy = policy or FCFSPolicy()
+        self.max_model_len = max_model_len
+        self.max_drafts = max_drafts  # the ceiling on any draft length (num_speculative_tokens)
+        self.admission = admission or FCFSPolicy()
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: preemption takes from the end
         self.num_preemptions = 0
@@ -63,26 +53,63 @@ class Scheduler:
             self.waiting.remove(seq)
         self.blocks.free(seq.block_table)
 
-    def schedule(self) -> SchedulerOutput:
-        out = SchedulerOutput()
+    # ---- schedule --------------------------------------------------------------------------------
+    def schedule(self, policy=None) -> StepPlan:
+        plan = StepPlan()
+        budget = self._schedule_decodes(plan)
+        if policy is not None and plan.decodes:
+            budget -= self._schedule_drafts(plan, policy, budget)
+        self._schedule_prefills(plan, budget)
+        return plan
+
+    def _schedule_decodes(self, plan: StepPlan) -> int:
         budget = self.max_num_batched_tokens
         scheduled: set[int] = set()
         for seq in list(self.running):
             if seq.status != Status.RUNNING or seq.in_prefill or budget < 1:
                 continue
-            drafts = max(0, min(self.draft_budget(seq), budget - 1))
-            while not self.blocks.can_grow(seq.block_table, seq.num_computed + 1 + drafts):
+            while not self.blocks.can_grow(seq.block_table, seq.num_computed + 1):
                 victim = next(s for s in reversed(self.running) if id(s) not in scheduled)
-                self._preempt(victim, out)
+                self._preempt(victim, plan)
                 if victim is seq:
                     break
             if seq.status != Status.RUNNING:
                 continue
-            self.blocks.grow(seq.block_table, seq.num_computed + 1 + drafts)
-            out.decodes.append(ScheduledSeq(seq, 1, drafts))
+            self.blocks.grow(seq.block_table, seq.num_computed + 1)
+            plan.decodes.append(ScheduledSeq(seq, 1))
             scheduled.add(id(seq))
-            budget -= 1 + drafts
-        candidates = [s for s in self.running if s.in_prefill] + self.policy.order(self.waiting)
+            budget -= 1
+        return budget
+
+    def _schedule_drafts(self, plan: StepPlan, policy, budget: int) -> int:
+        """Ask the policy, clamp, reserve KV slots. Returns the tokens the drafts take from the budget."""
+        plan.view = self.batch_view(plan.decodes, budget)
+        wanted = policy.plan(plan.view)
+        used = 0
+        for s, want, req in zip(plan.decodes, wanted, plan.view.requests):
+            seq = s.seq
+            n = max(0, min(int(want), self.max_drafts, req.tokens_left - 1, budget - used))
+            room = (len(seq.block_table) + self.blocks.num_free) * self.blocks.block_size - seq.num_computed - 1
+            n = max(0, min(n, room))
+            if n:
+                self.blocks.grow(seq.block_table, seq.num_computed + 1 + n)
+            s.max_drafts = n
+            used += n
+        return used
+
+    def batch_view(self, decodes: list[ScheduledSeq], budget: int) -> BatchView:
+        requests = [RequestView(s.seq.request_id, len(s.seq.token_ids), self.tokens_left(s.seq), s.seq.spec,
+                                s.seq.draft_name, s.seq.params.greedy)
+                    for s in decodes]
+        free = self.blocks.num_free * self.blocks.block_size + sum(
+            len(s.seq.block_table) * self.blocks.block_size - s.seq.num_computed - 1 for s in decodes)
+        return BatchView(requests, self.max_drafts, budget, free, len(self.waiting))
+
+    def tokens_left(self, seq: Sequence) -> int:
+        return min(seq.params.max_tokens - seq.num_output_tokens, self.max_model_len - len(seq.token_ids))
+
+    def _schedule_prefills(self, plan: StepPlan, budget: int) -> None:
+        candidates = [s for s in self.running if s.in_prefill] + self.admission.order(self.waiting)
         for seq in candidates:
             if budget < 1:
                 break
@@ -94,8 +121,8 @@ class Scheduler:
                 room = (len(seq.block_table) + self.blocks.num_free) * self.blocks.block_size
                 chunk = min(chunk, room - seq.num_computed)
                 if chunk < 1:
-                    if out.is_empty:  # nothing else can run: free room, or this loops forever
-                        self._preempt(self.running[-1], out)
+                    if plan.is_empty:  # nothing else can run: free room, or this loops forever
+                        self._preempt(self.running[-1], plan)
                     break
             elif not self.blocks.can_grow(seq.block_table, seq.num_computed + chunk):
                 break  # new requests wait rather than preempt admitted ones
@@ -103,12 +130,13 @@ class Scheduler:
                 self.waiting.remove(seq)
                 seq.status = Status.RUNNING
                 self.running.append(seq)
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = time.monotonic()
             self.blocks.grow(seq.block_table, seq.num_computed + chunk)
-            out.prefills.append(ScheduledSeq(seq, chunk))
+            plan.prefills.append(ScheduledSeq(seq, chunk))
             budget -= chunk
-        return out
 
-    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+    def _preempt(self, seq: Sequence, plan: StepPlan) -> None:
         """Recompute-style preemption: drop the KV, keep the tokens, requeue at the front."""
         self.running.remove(seq)
         self.blocks.free(seq.block_table)
@@ -116,6 +144,36 @@ class Scheduler:
         seq.status = Status.WAITING
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
-        out.preempted.append(seq)
-        out.prefills = [s for s in out.prefills if s.seq is not seq]
-        out.decodes = [s for s in out.decodes if s.seq is not seq]
+        plan.preempted.append(seq)
+        plan.prefills = [s for s in plan.prefills if s.seq is not seq]
+        plan.decodes = [s for s in plan.decodes if s.seq is not seq]
+
+    # ---- update ----------------------------------------------------------------------------------
+    def update(self, plan: StepPlan, result: StepResult, tokenizer) -> list[tuple[Sequence, list[int], list | None]]:
+        """Commit each sampling row's tokens (stopping at a stop token or string, max_tokens), count its
+        draft's acceptance, advance prefill chunks, finish requests, release rejected draft slots. Returns (seq, new tokens, their
+        logprobs) per sampling row."""
+        for s in plan.prefills:
+            s.seq.num_computed += s.num_tokens  # a completing chunk is overwritten below
+        now = time.monotonic()
+        committed = []
+        drafted = result.proposal.lengths + [0] * (len(result.sampling) - len(result.proposal.lengths))
+        for s, tokens, logprobs, length in zip(result.sampling, result.committed, result.logprobs, drafted):
+            seq = s.seq
+            if length:
+                seq.spec.record(length, len(tokens) - 1)
+            new = []
+            for tok in tokens:
+                new.append(tok)
+                if seq.append_token(tok, tokenizer, None if logprobs is None else logprobs[len(new) - 1]):
+                    seq.status, seq.finished_time = Status.FINISHED, now
+                    break
+            if seq.first_token_time is None:
+                seq.first_token_time = now
+            if seq.status == Status.FINISHED:
+                self.remove(seq)
+            else:
+                seq.num_computed = len(seq.token_ids) - 1
+                self.blocks.shrink(seq.block_table, len(seq.token_ids))  # release rejected draft slots
+            committed.append((seq, new, None if logprobs is None else logprobs[:len(new)]))
+        return committed

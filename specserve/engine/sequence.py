@@ -62,6 +62,7 @@ class Sequence:
         self.num_draft_computed = 0  # tokens whose draft-model KV is in the cache
         self.proposer_state = None   # the proposer's own per-request data (EAGLE: target features to read)
         self.draft_index = None      # which of several drafts serves this request (spec/router.py)
+        self.draft_name: str | None = None  # the draft that proposed its latest draft ("ngram": prompt lookup)
         # Sampled requests draw from their own generator, on the device whose probabilities it samples.
         self.generator = None if params.greedy else torch.Generator(device)
         if self.generator is not None:

@@ -8,6 +8,8 @@ in accumulation order only (tests/model/test_packed_linear.py).
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -21,7 +23,18 @@ MIN_ROWS = 3
 
 def can_pack(weight: torch.Tensor) -> bool:
     return (weight.device.type == "cpu" and weight.dtype in PACKABLE_DTYPES
-            and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+            and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+            and _cpu_packs(weight.dtype))
+
+
+@functools.cache
+def _cpu_packs(dtype: torch.dtype) -> bool:
+    """oneDNN's bf16 packing needs AVX-512 (bw/vl/dq) or AVX-NE-CONVERT: ask it once per dtype."""
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(8, 8, dtype=dtype), 1)
+        return True
+    except RuntimeError:
+        return False
 
 
 class PackedLinear(nn.Module):

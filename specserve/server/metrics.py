@@ -42,7 +42,7 @@ class ServerMetrics:
                 ("num_requests_running", "Requests in the running batch", lambda: engine.num_running),
                 ("num_requests_waiting", "Requests waiting for admission", lambda: engine.num_waiting),
                 ("kv_cache_usage_perc", "Fraction of KV cache blocks in use (0 to 1)",
-                 lambda: engine.engine.scheduler.blocks.usage)):
+                 lambda: engine.kv_usage)):
             Gauge(P + name, doc, m, registry=r).labels(model_name).set_function(read)
 
         def hist(name, doc, buckets, labels=m):
@@ -76,7 +76,7 @@ class ServerMetrics:
                        self.e2e, self.queue, self.spec_drafts, self.spec_draft_tokens, self.spec_accepted,
                        self.draft_length, self.step_draft_length):
             metric.labels(model_name)
-        for draft in getattr(engine.engine.proposer, "names", ()):
+        for draft in engine.draft_names:
             for metric in self._routed:
                 metric.labels(model_name, draft)
         for reason in ("stop", "length", "abort"):
@@ -121,7 +121,7 @@ class ServerMetrics:
             self.generation_tokens.labels(model).inc(new)
             previous = self._last_output.get(out.request_id)
             if previous is None:
-                self.prompt_tokens.labels(model).inc(t["num_prompt_tokens"])
+                self.prompt_tokens.labels(model).inc(out.num_prompt_tokens)
             else:
                 self.itl.labels(model).observe(now - previous)
             self._last_output[out.request_id] = now
@@ -141,6 +141,6 @@ class ServerMetrics:
             self.queue.labels(model).observe(t["first_scheduled_time"] - arrival)
         if first is not None:
             self.ttft.labels(model).observe(first - arrival)
-            if t["num_output_tokens"] > 1:
-                self.tpot.labels(model).observe((done - first) / (t["num_output_tokens"] - 1))
+            if out.num_output_tokens > 1:
+                self.tpot.labels(model).observe((done - first) / (out.num_output_tokens - 1))
         self.e2e.labels(model).observe(done - arrival)

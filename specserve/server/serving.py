@@ -30,7 +30,7 @@ def sse(payload: dict | str) -> str:
 
 
 def usage(out: RequestOutput) -> dict:
-    p, c = len(out.prompt_token_ids), len(out.token_ids)
+    p, c = out.num_prompt_tokens, out.num_output_tokens
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
 
@@ -169,17 +169,16 @@ class Serving:
                 body.setdefault("usage", None)  # OpenAI: null on every chunk but the last
             return sse(body)
 
-        sent, offset = 0, 0  # tokens already sent, and their characters (for logprobs' text_offset)
+        offset = 0  # characters of the tokens already sent (for logprobs' text_offset)
         try:
             async with aclosing(gen):
                 if fmt.chat:
                     yield chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                   "finish_reason": None}])
                 async for out in gen:
-                    new_ids, lp = out.token_ids[sent:], None
-                    if logprobs and new_ids:
-                        lp, offset = fmt.logprobs(new_ids, out.logprobs[sent:], offset)
-                    sent = len(out.token_ids)
+                    lp = None
+                    if logprobs and out.delta_token_ids:
+                        lp, offset = fmt.logprobs(out.delta_token_ids, out.delta_logprobs, offset)
                     if not (out.delta_text or lp or out.finished):
                         continue  # tokens held back (a possible stop string, an incomplete character)
                     if not out.finished:

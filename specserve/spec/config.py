@@ -12,6 +12,10 @@
                                       several reduced-vocabulary drafts: each request is drafted by the
                                       one whose vocabulary covers its prompt best (spec/router.py);
                                       "default" is every shipped draft this way
+
+Any of them takes `"policy"`: how many tokens each request drafts each step (spec/policies/; default
+"static", always num_speculative_tokens, which is then the ceiling for every other policy), with the
+policy's own settings in `"policy_options"`. `none` (or an empty string) switches speculation off.
 """
 from __future__ import annotations
 
@@ -33,6 +37,8 @@ class SpeculativeConfig:
     prompt_lookup_min: int = 2
     draft_dtype: str | None = None  # default: the target's dtype
     ngram_first: bool = False  # draft model only: try prompt lookup first, draft where it finds nothing
+    policy: str = "static"  # spec/policies/: how many tokens each request drafts, step by step
+    policy_options: dict | None = None
 
     def __post_init__(self):
         if self.method == "draft":
@@ -51,6 +57,10 @@ class SpeculativeConfig:
             raise SpecServeError(f"ngram_first must be true or false, got {self.ngram_first!r}")
         if self.ngram_first and self.method == "ngram":
             raise SpecServeError('"ngram_first" combines prompt lookup with a draft model: it needs "model"')
+        if not isinstance(self.policy, str) or not self.policy:
+            raise SpecServeError(f'"policy" must be a policy name, got {self.policy!r}')
+        if self.policy_options is not None and not isinstance(self.policy_options, dict):
+            raise SpecServeError(f'"policy_options" must be a JSON object, got {self.policy_options!r}')
         uses_lookup = self.method == "ngram" or self.ngram_first
         if uses_lookup and not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
             raise SpecServeError("need 1 <= prompt_lookup_min <= prompt_lookup_max")
@@ -60,6 +70,8 @@ class SpeculativeConfig:
         if value is None or isinstance(value, SpeculativeConfig):
             return value
         if isinstance(value, str):
+            if value.strip().lower() in ("", "none", "null", "off"):
+                return None
             try:
                 value = json.loads(value)
             except json.JSONDecodeError as e:

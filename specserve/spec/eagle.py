@@ -14,9 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specserve.engine.model_runner import ForwardItem
-from specserve.engine.scheduler import ScheduledSeq
-from specserve.spec.proposer import DraftModelProposer
+from specserve.batch import ScheduledSeq
+from specserve.spec.proposer import Drafter
 
 
 @dataclass(slots=True)
@@ -29,9 +28,17 @@ class FeatureBuffer:
         return self.start + len(self.rows)
 
 
-class EagleProposer(DraftModelProposer):
+class EagleProposer:
     has_cache = False          # no draft prefill alongside the target's: it needs the target's features
     reads_target_hidden = True
+
+    def __init__(self, drafter: Drafter):
+        self.drafter = drafter
+        self.runner, self.lookup = drafter.runner, drafter.lookup
+
+    def propose(self, prefills: list[ScheduledSeq], decodes: list[ScheduledSeq], policy, view):
+        # Prompt rows need the target's features: they ride in the request's first drafting forward.
+        return self.drafter.propose(decodes, policy, view, [], features=self._pending_features)
 
     def observe_target(self, seq, start: int, rows: torch.Tensor) -> None:
         """The target's hidden states [n, hidden] of committed positions start .. start + n - 1."""
@@ -51,9 +58,6 @@ class EagleProposer(DraftModelProposer):
         assert len(rows) == last - first + 1, "EAGLE draft is missing target features"
         seq.proposer_state = FeatureBuffer(last + 1, rows[:0])  # consumed: the next rows start at len - 1
         return rows
-
-    def _catch_up(self, prefills: list[ScheduledSeq]) -> list[ForwardItem]:
-        return []  # prompt rows need the target's features: they ride in the request's first drafting forward
 
     def on_commit(self, seq, num_committed: int) -> None:
         # Valid draft rows are those made from the target's features: positions before this step's

@@ -1,23 +1,23 @@
-"""Proposers: where draft tokens come from. A draft model (batched, own paged KV cache) or n-gram lookup."""
-from __future__ import annotations
+"""Proposers: where draft tokens come from. Prompt lookup (n-gram), or a small model drafting in a batched
+loop over its own paged KV cache (`Drafter`), which a standalone draft and an EAGLE draft both use.
 
-import time
-from dataclasses import dataclass
+Every proposer offers:
+    has_cache             it keeps its own KV cache: prompt chunks are mirrored into it as the target runs them
+    reads_target_hidden   it reads the target's hidden states (EAGLE): the engine taps them to `observe_target`
+    propose(prefills, decodes, policy, view) -> Proposal   drafts for the decodes, `max_drafts` each at most
+    on_commit(seq, num_committed)          after verification: which of its cache rows stay valid
+"""
+from __future__ import annotations
 
 import numpy as np
 import torch
 
-from specserve.engine.model_runner import ForwardItem, ModelRunner
-from specserve.engine.sampler import sample, to_probs
-from specserve.engine.scheduler import ScheduledSeq
+from specserve.batch import BatchView, ForwardItem, Proposal, ScheduledSeq
+from specserve.device_sync import to_host
+from specserve.model.kernels import argmax_rows
+from specserve.sampling import RowParams, exponentials, process, race
 
-
-@dataclass(slots=True)
-class Proposal:
-    token_ids: list[list[int]]         # drafts per decode (l_i tokens)
-    probs: torch.Tensor | None         # [N, K, V] full-vocabulary q; None for deterministic proposals
-    confidences: list[list[float]]     # draft probability of each drafted token (1.0 for n-gram)
-    seconds: float = 0.0
+NGRAM = "ngram"  # the source name of prompt-lookup proposals
 
 
 class NgramProposer:
@@ -27,15 +27,13 @@ class NgramProposer:
     has_cache = False
     reads_target_hidden = False
 
-    def __init__(self, prompt_lookup_min: int, prompt_lookup_max: int):
+    def __init__(self, prompt_lookup_min: int, prompt_lookup_max: int, device="cpu"):
         self.min_n, self.max_n = prompt_lookup_min, prompt_lookup_max
+        self.device = torch.device(device)
 
-    def propose(self, prefills: list[ScheduledSeq], decodes: list[ScheduledSeq], controller) -> Proposal:
-        t0 = time.perf_counter()
-        drafts = [self.lookup(s.seq.token_ids, s.max_drafts) if s.max_drafts else [] for s in decodes]
-        keep = controller.final_lengths([[1.0] * len(d) for d in drafts])
-        drafts = [d[:n] for d, n in zip(drafts, keep)]
-        return Proposal(drafts, None, [[1.0] * len(d) for d in drafts], time.perf_counter() - t0)
+    def propose(self, prefills: list[ScheduledSeq], decodes: list[ScheduledSeq], policy, view) -> Proposal:
+        found = [self.lookup(s.seq.token_ids, s.max_drafts) if s.max_drafts else [] for s in decodes]
+        return lookup_proposal(found, policy, self.device)
 
     def lookup(self, tokens: list[int], k: int) -> list[int]:
         arr = np.asarray(tokens)
@@ -51,70 +49,134 @@ class NgramProposer:
         pass
 
 
-class DraftModelProposer:
-    """A small model with the target's tokenizer. Its KV cache has its own tensors but the target's block
-    tables, so no separate allocation bookkeeping. Draft prefill rides in the first draft forward.
+def lookup_proposal(found: list[list[int]], policy, device) -> Proposal:
+    """A Proposal of deterministic drafts known on the host (q one-hot: no probs; confidence 1)."""
+    k = max(map(len, found), default=0)
+    tokens = torch.tensor([f + [0] * (k - len(f)) for f in found], dtype=torch.long, device=device).view(len(found), k)
+    confidences = torch.ones(len(found), k, device=device) if policy.wants_confidences or policy.stepwise else None
+    return Proposal([len(f) for f in found], tokens, confidences=confidences,
+                    sources=[NGRAM if f else None for f in found])
 
-    With `lookup` (n-gram prompt lookup), a request whose context repeats takes the lookup's tokens
-    (free, and on code they are accepted more often than the draft model's) and the draft model drafts
-    only for the others; the draft cache catches up with the skipped tokens in its next forward."""
 
-    has_cache = True
-    reads_target_hidden = False
+class Drafter:
+    """Batched autoregressive drafting with a small model: one forward per draft position for every request
+    still drafting, the sampled token fed back on the device. Requests drop out at their budget, or when a
+    stepwise policy says so. With `lookup`, a request whose context repeats takes the lookup's tokens
+    (free, and on code accepted more often than the draft model's) and the model drafts for the others."""
 
-    def __init__(self, runner: ModelRunner, target_vocab_size: int, vocab_map: torch.Tensor | None,
+    def __init__(self, runner, target_vocab_size: int, vocab_map: torch.Tensor | None, name: str,
                  lookup: NgramProposer | None = None):
         self.runner = runner
         self.vocab_size = target_vocab_size
-        # [draft_vocab] target id of each draft head row (on the draft's device, where q is scattered), or None
+        # [draft_vocab] target id of each draft head row (on the draft's device), or None for a full head
         self.vocab_map = None if vocab_map is None else vocab_map.to(runner.device)
-        self.target_ids = None if vocab_map is None else vocab_map.tolist()
+        self.name = name
         self.lookup = lookup
 
-    def propose(self, prefills: list[ScheduledSeq], decodes: list[ScheduledSeq], controller) -> Proposal:
-        t0 = time.perf_counter()
-        items = self._catch_up(prefills)
-        features, drafting = [], []
-        n = len(decodes)
-        tokens: list[list[int]] = [[] for _ in range(n)]
-        conf: list[list[float]] = [[] for _ in range(n)]
+    def propose(self, decodes: list[ScheduledSeq], policy, view: BatchView | None, extra_items: list[ForwardItem],
+                features=None) -> Proposal:
+        """extra_items: rows the draft cache needs that ask no logits (prefill catch-up), run in the first
+        forward. features(seq) -> [rows, hidden]: an EAGLE draft's target features for the request's rows."""
+        device, n = self.runner.device, len(decodes)
+        found = [[] for _ in range(n)]
+        drafting, items, feats = [], list(extra_items), []
         for i, s in enumerate(decodes):
             if not s.max_drafts:
                 continue
             seq = s.seq
-            if self.lookup is not None and (found := self.lookup.lookup(seq.token_ids, s.max_drafts)):
-                tokens[i], conf[i] = found, [1.0] * len(found)
+            if self.lookup is not None and (hit := self.lookup.lookup(seq.token_ids, s.max_drafts)):
+                found[i] = hit
                 continue
-            if self.reads_target_hidden:
-                features.append(self._pending_features(seq))
-            items.append(ForwardItem(seq.token_ids[seq.num_draft_computed:], len(seq.token_ids),
-                                     seq.block_table, 1))
+            if features is not None:
+                feats.append(features(seq))
+            items.append(ForwardItem(seq.token_ids[seq.num_draft_computed:], len(seq.token_ids), seq.block_table, 1))
             drafting.append(i)
-        sampled = [i for i, s in enumerate(decodes) if s.max_drafts and not s.seq.params.greedy]
-        kmax = max((s.max_drafts for s in decodes), default=0)
-        probs = torch.zeros(n, kmax, self.vocab_size, device=self.runner.device) if sampled else None
-        for i in sampled:  # looked-up tokens are deterministic proposals: q is one-hot at each
-            for j, token in enumerate(tokens[i]):
-                probs[i, j, token] = 1.0
-        step = 0
+        proposal = lookup_proposal(found, policy, device)
+        k = max((s.max_drafts for s in decodes), default=0)
+        if drafting:
+            proposal.token_ids = torch.cat([proposal.token_ids, proposal.token_ids.new_zeros(n, k - proposal.token_ids.shape[1])], 1)
+            if proposal.confidences is not None:
+                proposal.confidences = torch.ones(n, k, device=device)
+        proposal.sampled = [i for i, s in enumerate(decodes) if s.max_drafts and not s.seq.params.greedy]
+        if proposal.sampled:
+            proposal.probs = self._one_hot_lookups(found, proposal.sampled, k)
+        step, device_ids = 0, None
         while items:
-            # One row per drafting request (prefill catch-up asks none); `predicted`: the draft's hidden state.
-            logits, predicted = self.runner.forward(items, torch.cat(features) if features else None)
-            self._draft_one(logits, drafting, decodes, tokens, conf, probs, step)
+            logits, predicted = self.runner.forward(items, torch.cat(feats) if feats else None, device_ids=device_ids)
+            if not drafting:  # only prefill catch-up rows
+                break
+            tokens = self._draft_one(logits, drafting, decodes, proposal, step)
             step += 1
             for i in drafting:
                 decodes[i].seq.num_draft_computed = len(decodes[i].seq.token_ids) + step - 1
-            go = controller.keep_drafting(step, [conf[i] for i in drafting])
-            keep = [r for r, (i, g) in enumerate(zip(drafting, go)) if g and step < decodes[i].max_drafts]
+                proposal.lengths[i] = step
+                proposal.sources[i] = self.name
+            go = [step < decodes[i].max_drafts for i in drafting]
+            if policy.stepwise and any(go):
+                rows = torch.tensor(drafting, dtype=torch.long, device=device)
+                confidences = to_host(proposal.confidences[rows, :step])[0]
+                keep = policy.keep_drafting(step, [view.requests[i] for i in drafting], confidences)
+                go = [g and bool(keep_going) for g, keep_going in zip(go, keep)]
+            keep = [r for r, g in enumerate(go) if g]
             drafting = [drafting[r] for r in keep]
             # An EAGLE draft's next row reads its own prediction of the target's hidden state.
-            features = [predicted[keep]] if self.reads_target_hidden and keep else []
-            items = [ForwardItem([tokens[i][-1]], len(decodes[i].seq.token_ids) + step,
-                                 decodes[i].seq.block_table, 1) for i in drafting]
-        keep = controller.final_lengths(conf)
-        tokens = [t[:k] for t, k in zip(tokens, keep)]
-        conf = [c[:k] for c, k in zip(conf, keep)]
-        return Proposal(tokens, probs, conf, time.perf_counter() - t0)
+            feats = [predicted[keep]] if features is not None and keep else []
+            device_ids = tokens[torch.tensor(keep, dtype=torch.long, device=device)] if keep else None
+            items = [ForwardItem([], len(decodes[i].seq.token_ids) + step, decodes[i].seq.block_table, 1, 1)
+                     for i in drafting]
+        return proposal
+
+    def _one_hot_lookups(self, found: list[list[int]], sampled: list[int], k: int) -> torch.Tensor:
+        """[S, K, V] q rows for the sampled requests: one-hot at each looked-up token, the rest filled by drafting."""
+        probs = torch.zeros(len(sampled), k, self.vocab_size, device=self.runner.device)
+        cells = [(r, j, t) for r, i in enumerate(sampled) for j, t in enumerate(found[i])]
+        if cells:
+            probs[tuple(torch.tensor(c, dtype=torch.long, device=probs.device) for c in zip(*cells))] = 1.0
+        return probs
+
+    def _draft_one(self, logits: torch.Tensor, drafting: list[int], decodes: list[ScheduledSeq],
+                   proposal: Proposal, step: int) -> torch.Tensor:
+        """Pick the next draft token of every drafting request from its draft logits [len(drafting), Vd];
+        writes tokens (target ids), q rows and confidences into the proposal, returns the tokens [len(drafting)]."""
+        device = logits.device
+        local = argmax_rows(logits)  # greedy requests; sampled ones are overwritten below
+        seqs = [decodes[i].seq for i in drafting]
+        sampled = [r for r, seq in enumerate(seqs) if not seq.params.greedy]
+        q = None
+        if sampled:
+            at = torch.tensor(sampled, dtype=torch.long, device=device)
+            q = process(logits[at], RowParams.build([seqs[r].params for r in sampled], logits.shape[-1], device))
+            local = local.clone()
+            local[at] = race(q, exponentials([seqs[r].generator for r in sampled], q.shape[-1], device))
+        tokens = local if self.vocab_map is None else self.vocab_map[local]
+        rows = torch.tensor(drafting, dtype=torch.long, device=device)
+        proposal.token_ids[rows, step] = tokens
+        if proposal.confidences is not None:
+            confidence = torch.softmax(logits, dim=-1).gather(1, local[:, None])[:, 0]
+            if sampled:
+                confidence[at] = q.gather(1, local[at][:, None])[:, 0]
+            proposal.confidences[rows, step] = confidence
+        if sampled:
+            where = {decode: r for r, decode in enumerate(proposal.sampled)}
+            full = q if self.vocab_map is None else q.new_zeros(len(sampled), self.vocab_size).index_copy_(1, self.vocab_map, q)
+            probs_rows = torch.tensor([where[drafting[r]] for r in sampled], dtype=torch.long, device=device)
+            proposal.probs[probs_rows, step] = full
+        return tokens
+
+
+class DraftModelProposer:
+    """A standalone draft with the target's tokenizer. Its KV cache has its own tensors but the target's block
+    tables, so no separate allocation bookkeeping. Draft prefill rides in the first draft forward."""
+
+    has_cache = True
+    reads_target_hidden = False
+
+    def __init__(self, drafter: Drafter):
+        self.drafter = drafter
+        self.runner, self.lookup = drafter.runner, drafter.lookup
+
+    def propose(self, prefills: list[ScheduledSeq], decodes: list[ScheduledSeq], policy, view) -> Proposal:
+        return self.drafter.propose(decodes, policy, view, self._catch_up(prefills))
 
     def _catch_up(self, prefills: list[ScheduledSeq]) -> list[ForwardItem]:
         """Draft-cache rows for the prompt chunks the target computes in this step (no logits wanted)."""
@@ -125,24 +187,6 @@ class DraftModelProposer:
                 items.append(ForwardItem(seq.token_ids[seq.num_draft_computed:end], end, seq.block_table, 0))
                 seq.num_draft_computed = end
         return items
-
-    def _draft_one(self, logits, drafting, decodes, tokens, conf, probs, step) -> None:
-        """Pick the next draft token of every drafting request from its draft logits [len(drafting), Vd]."""
-        raw = torch.softmax(logits, dim=-1)
-        for row, i in enumerate(drafting):
-            params = decodes[i].seq.params
-            if params.greedy:
-                local = int(raw[row].argmax())
-                conf[i].append(float(raw[row, local]))
-            else:
-                q = to_probs(logits[row:row + 1], [params])[0]
-                local = sample(q[None], [decodes[i].seq.generator])[0]
-                conf[i].append(float(q[local]))
-                if self.vocab_map is None:
-                    probs[i, step] = q
-                else:
-                    probs[i, step].index_copy_(0, self.vocab_map, q)
-            tokens[i].append(local if self.target_ids is None else self.target_ids[local])
 
     def on_commit(self, seq, num_committed: int) -> None:
         # The draft cache holds the fed tokens; only those that were committed stay valid.

@@ -12,12 +12,12 @@ draft and step of drafting; the verification is shared, and each draft's q rows 
 """
 from __future__ import annotations
 
-import time
+from dataclasses import replace
 
 import torch
 
+from specserve.batch import Proposal
 from specserve.errors import SpecServeError
-from specserve.spec.proposer import Proposal
 
 
 class RoutedProposer:
@@ -51,12 +51,13 @@ class RoutedProposer:
             seq.draft_index = self.choose(seq.token_ids[:seq.num_prompt_tokens])
         return seq.draft_index
 
-    def propose(self, prefills, decodes, controller) -> Proposal:
-        t0 = time.perf_counter()
+    def propose(self, prefills, decodes, policy, view) -> Proposal:
         n = len(decodes)
-        tokens: list[list[int]] = [[] for _ in range(n)]
-        conf: list[list[float]] = [[] for _ in range(n)]
-        probs = None  # [n, max drafts, vocab] once some draft returns q rows (sampled requests)
+        k = max((s.max_drafts for s in decodes), default=0)
+        device = self.proposers[0].runner.device
+        merged = Proposal.empty(n, device)
+        merged.token_ids = merged.token_ids.new_zeros(n, k)
+        parts = []
         routes = [self.route(s.seq) for s in decodes]
         prefill_routes = [self.route(s.seq) for s in prefills]
         for index, proposer in enumerate(self.proposers):
@@ -64,14 +65,27 @@ class RoutedProposer:
             own_prefills = [s for s, r in zip(prefills, prefill_routes) if r == index]
             if not any(decodes[i].max_drafts for i in mine) and not (own_prefills and self.has_cache):
                 continue
-            proposal = proposer.propose(own_prefills, [decodes[i] for i in mine], controller)
+            sub_view = None if view is None else replace(view, requests=[view.requests[i] for i in mine])
+            part = proposer.propose(own_prefills, [decodes[i] for i in mine], policy, sub_view)
+            parts.append((mine, part))
+            rows = torch.tensor(mine, dtype=torch.long, device=device)
+            merged.token_ids[rows, :part.token_ids.shape[1]] = part.token_ids
             for row, i in enumerate(mine):
-                tokens[i], conf[i] = proposal.token_ids[row], proposal.confidences[row]
-            if proposal.probs is not None:
-                if probs is None:
-                    probs = proposal.probs.new_zeros(n, max(s.max_drafts for s in decodes), proposal.probs.shape[-1])
-                probs[torch.tensor(mine, dtype=torch.long, device=probs.device), :proposal.probs.shape[1]] = proposal.probs
-        return Proposal(tokens, probs, conf, time.perf_counter() - t0)
+                merged.lengths[i], merged.sources[i] = part.lengths[row], part.sources[row]
+            if part.confidences is not None:
+                if merged.confidences is None:
+                    merged.confidences = torch.ones(n, k, device=device)
+                merged.confidences[rows, :part.confidences.shape[1]] = part.confidences
+            merged.sampled += [mine[r] for r in part.sampled]
+        if any(part.probs is not None for _, part in parts):  # q rows of the sampled requests, in merged order
+            vocab = next(part.probs.shape[-1] for _, part in parts if part.probs is not None)
+            merged.probs = torch.zeros(len(merged.sampled), k, vocab, device=device)
+            at = 0
+            for mine, part in parts:
+                if part.probs is not None:
+                    merged.probs[at:at + len(part.sampled), :part.probs.shape[1]] = part.probs
+                at += len(part.sampled)
+        return merged
 
     def observe_target(self, seq, start: int, rows: torch.Tensor) -> None:
         self.proposers[self.route(seq)].observe_target(seq, start, rows)

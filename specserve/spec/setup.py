@@ -5,12 +5,11 @@ import json
 
 import torch
 
-from specserve.engine.model_runner import ModelRunner
 from specserve.errors import SpecServeError
 from specserve.model.loader import LoadedModel, load_model
 from specserve.spec.config import SpeculativeConfig
 from specserve.spec.eagle import EagleProposer
-from specserve.spec.proposer import DraftModelProposer, NgramProposer
+from specserve.spec.proposer import DraftModelProposer, Drafter, NgramProposer
 from specserve.spec.router import RoutedProposer
 
 
@@ -64,17 +63,19 @@ def draft_names(drafts: list[LoadedModel]) -> list[str]:
     return names if len(set(names)) == len(names) else [str(d.path) for d in drafts]
 
 
-def build_proposer(spec: SpeculativeConfig, drafts: list[LoadedModel], target: LoadedModel, num_blocks: int,
-                   block_size: int):
+def build_proposer(spec: SpeculativeConfig, drafts: list[LoadedModel], target: LoadedModel, make_runner,
+                   names: list[str] | None = None):
+    """make_runner(model) -> the runner that drafts with `model` over the engine's block tables."""
+    device = target.model.embed_tokens.weight.device
     if spec.method == "ngram":
-        return NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max)
+        return NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max, device)
+    names = names or draft_names(drafts)
     if len(drafts) > 1:
         vocab = target.config.vocab_size
-        return RoutedProposer([build_proposer(spec, [d], target, num_blocks, block_size) for d in drafts],
-                              [load_vocab_map(d, vocab) for d in drafts], vocab, draft_names(drafts))
+        return RoutedProposer([build_proposer(spec, [d], target, make_runner, [name]) for d, name in zip(drafts, names)],
+                              [load_vocab_map(d, vocab) for d in drafts], vocab, names)
     draft = drafts[0]
-    vocab_map = load_vocab_map(draft, target.config.vocab_size)
-    lookup = NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max) if spec.ngram_first else None
-    proposer = EagleProposer if draft.config.eagle else DraftModelProposer
-    return proposer(ModelRunner(draft.model, num_blocks, block_size), target.config.vocab_size, vocab_map,
-                              lookup)
+    lookup = NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max, device) if spec.ngram_first else None
+    drafter = Drafter(make_runner(draft.model), target.config.vocab_size,
+                      load_vocab_map(draft, target.config.vocab_size), names[0], lookup)
+    return EagleProposer(drafter) if draft.config.eagle else DraftModelProposer(drafter)

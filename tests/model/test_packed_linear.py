@@ -5,7 +5,7 @@ from torch import nn
 from specserve.model.packed_linear import PackedLinear, can_pack, pack_linears
 
 pytestmark = pytest.mark.skipif(not can_pack(torch.zeros(1, dtype=torch.bfloat16)),
-                                reason="no oneDNN linear packing in this torch build")
+                                reason="no oneDNN bf16 linear packing in this torch build or on this CPU")
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 0.0), (torch.float32, 1e-4)])

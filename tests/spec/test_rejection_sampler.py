@@ -2,9 +2,22 @@
 import pytest
 import torch
 
-from specserve.spec.rejection_sampler import rejection_sample
+from specserve.spec import rejection_sampler
 
 V = 6
+
+
+def rejection_sample(argmax, p, drafts, q, num_draft, generators):
+    """The cases below are written per request, padded to K: flatten them into the sampler's layout
+    ([T] / [T, V] verify rows, [D] / [D, V] draft rows) and read back each request's committed tokens."""
+    verify = [(i, j) for i, l in enumerate(num_draft) for j in range(l + 1)]
+    drafted = [(i, j) for i, l in enumerate(num_draft) for j in range(l)]
+    rows = lambda t, idx: t[[i for i, _ in idx], [j for _, j in idx]]  # noqa: E731
+    out = rejection_sampler.rejection_sample(
+        rows(argmax, verify), None if p is None else rows(p, verify), rows(drafts, drafted),
+        None if q is None else rows(q, drafted), num_draft,
+        None if generators[0] is None else generators)
+    return [[t for t in r if t != rejection_sampler.PLACEHOLDER] for r in out.tolist()]
 
 
 def onehot_probs(rows):
@@ -52,7 +65,7 @@ def test_no_random_draws_for_requests_without_drafts():
     p = torch.softmax(torch.randn(1, 1, V), -1)
     g1, g2 = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
     rejection_sample(p.argmax(-1), p, torch.zeros(1, 0, dtype=torch.long), None, [0], [g1])
-    from specserve.engine.sampler import sample
+    from specserve.sampling import sample
     sample(p[0, :1], [g2])  # plain decoding's single draw
     assert torch.equal(g1.get_state(), g2.get_state())
 

@@ -50,9 +50,9 @@ def count_proposal_sources(proposer) -> dict:
         used["lookup"] += bool(found)
         return found
 
-    def counted_forward(items, *args):
+    def counted_forward(items, *args, **kwargs):
         used["draft_model"] += any(it.num_logits for it in items)
-        return forward(items, *args)
+        return forward(items, *args, **kwargs)
 
     proposer.lookup.lookup, proposer.runner.forward = counted_lookup, counted_forward
     return used

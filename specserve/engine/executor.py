@@ -1,0 +1,92 @@
+"""Runs a step's plan: draft, one target forward over prefill chunks, decodes and (k+1)-token verifies
+together, then sample/verify. Changes no request state: the scheduler commits the result."""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+
+from specserve.batch import ForwardItem, PhaseTimes, Proposal, ScheduledSeq, StepPlan, StepResult
+from specserve.device_sync import to_host
+from specserve.engine.model_runner import ModelRunner
+from specserve.engine.sampler import Sampler
+
+# A hidden-state tap: (seq, first position, rows [n, hidden]) with the target's final hidden state of every
+# position that stays committed. EAGLE drafts read them; `specserve distill` records them as training features.
+HiddenTap = Callable[[object, int, torch.Tensor], None]
+
+
+class Executor:
+    def __init__(self, runner: ModelRunner, proposer=None, policy=None):
+        self.runner = runner
+        self.proposer = proposer
+        self.policy = policy
+        self.sampler = Sampler()
+        self.hidden_taps: list[HiddenTap] = []
+        if proposer is not None and proposer.reads_target_hidden:
+            self.hidden_taps.append(proposer.observe_target)
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        times = PhaseTimes()
+        t0 = time.perf_counter()
+        proposal = self.propose(plan)
+        t1 = time.perf_counter()
+        items, owners, sampling, draft_ids = self._forward_items(plan, proposal)
+        logits, hidden = self.runner.forward(items, all_hidden=bool(self.hidden_taps), device_ids=draft_ids)
+        t2 = time.perf_counter()
+        committed, logprobs, confidences = self.sampler(logits, sampling, proposal)
+        if self.hidden_taps:
+            self._tap(items, owners, committed[:len(plan.decodes)], hidden)
+        times.draft, times.forward, times.sample = t1 - t0, t2 - t1, time.perf_counter() - t2
+        return StepResult(sampling, committed, logprobs, proposal, times, confidences)
+
+    def propose(self, plan: StepPlan) -> Proposal:
+        """Drafts for the plan's decodes (a policy with `stepwise` may trim them after drafting)."""
+        decodes, device = plan.decodes, self.runner.device
+        wants = any(s.max_drafts for s in decodes)
+        if self.proposer is None or not (wants or (plan.prefills and self.proposer.has_cache)):
+            return Proposal.empty(len(decodes), device)
+        proposal = self.proposer.propose(plan.prefills, decodes, self.policy, plan.view)
+        for s, source in zip(decodes, proposal.sources):
+            if source is not None:
+                s.seq.draft_name = source
+        if self.policy.stepwise and any(proposal.lengths):
+            confidences = to_host(proposal.confidences)[0]
+            cut = self.policy.trim(plan.view, list(proposal.lengths),
+                                   [c[:n] for c, n in zip(confidences, proposal.lengths)])
+            proposal.lengths = [max(0, min(int(c), n)) for c, n in zip(cut, proposal.lengths)]
+        return proposal
+
+    def _forward_items(self, plan: StepPlan, proposal: Proposal):
+        """The target's rows: each decode's last token + its drafts (on the device), then prefill chunks.
+        Returns (items, each item's sequence, the requests that sample, the drafts flattened in item order)."""
+        items, sampling, cells = [], [], []
+        for i, (s, length) in enumerate(zip(plan.decodes, proposal.lengths)):
+            seq = s.seq
+            items.append(ForwardItem(seq.token_ids[seq.num_computed:], len(seq.token_ids) + length,
+                                     seq.block_table, 1 + length, length))
+            sampling.append(s)
+            cells += [(i, j) for j in range(length)]
+        for s in plan.prefills:
+            seq, end = s.seq, s.seq.num_computed + s.num_tokens
+            completes = end == len(seq.token_ids)
+            items.append(ForwardItem(seq.token_ids[seq.num_computed:end], end, seq.block_table, int(completes)))
+            if completes:
+                sampling.append(s)
+        draft_ids = None
+        if cells:
+            index = [torch.tensor(c, dtype=torch.long, device=self.runner.device) for c in zip(*cells)]
+            draft_ids = proposal.token_ids[index[0], index[1]]
+        owners = [s.seq for s in plan.decodes] + [s.seq for s in plan.prefills]
+        return items, owners, sampling, draft_ids
+
+    def _tap(self, items, owners, decoded, hidden) -> None:
+        """Hands each tap the hidden rows of positions that stay: a decode's last token and accepted drafts
+        (`decoded`: the decodes' committed tokens; decodes come first), every token of a prefill chunk."""
+        start = 0
+        for j, (item, seq) in enumerate(zip(items, owners)):
+            valid = len(decoded[j]) if j < len(decoded) else item.num_tokens
+            for tap in self.hidden_taps:
+                tap(seq, item.ctx_len - item.num_tokens, hidden[start:start + valid])
+            start += item.num_tokens

@@ -1,0 +1,83 @@
+"""Sampling primitives shared by the engine's sampler and the draft proposers: temperature, top-k and top-p
+as batched tensor ops, and per-request seeded draws.
+
+Every random draw of a request comes from its own torch.Generator, so a seeded request samples the same
+tokens whatever else shares its batch, and a request with no draft tokens draws exactly what plain
+decoding draws. Draws are device ops on the request's generator: no host synchronisation.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(slots=True)
+class RowParams:
+    """Per-row processing parameters as tensors, built once per batch of rows. top_k / top_p are None when
+    no row uses them (the common case skips the sort entirely)."""
+    temperature: torch.Tensor        # [N]
+    top_k: torch.Tensor | None       # [N] long, vocab where the row has no top-k
+    top_p: torch.Tensor | None       # [N]
+    max_top_k: int                   # largest finite top-k, known on the host (sizes torch.topk)
+
+    @classmethod
+    def build(cls, params: list, vocab: int, device, dtype=torch.float32) -> "RowParams":
+        """params: one SamplingParams per row (no greedy rows)."""
+        temps = torch.tensor([p.temperature for p in params], dtype=dtype, device=device)
+        # top_k above the vocabulary means "all of it": clamped on the host, never built as a huge tensor.
+        ks = [min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params]
+        top_k = torch.tensor(ks, dtype=torch.long, device=device) if min(ks, default=vocab) < vocab else None
+        ps = [p.top_p for p in params]
+        top_p = torch.tensor(ps, dtype=dtype, device=device) if min(ps, default=1.0) < 1.0 else None
+        return cls(temps, top_k, top_p, max(ks, default=vocab))
+
+
+def process(logits: torch.Tensor, rows: RowParams) -> torch.Tensor:
+    """logits [N, V] float32 -> probabilities [N, V] after temperature, top-k and top-p."""
+    logits = logits / rows.temperature[:, None]
+    if rows.top_p is not None:
+        logits = _top_k_top_p(logits, rows)
+    elif rows.top_k is not None:
+        # Only top-k: no full sort, a k-th largest threshold per row suffices.
+        kth = logits.topk(rows.max_top_k, dim=-1).values.gather(-1, (rows.top_k - 1)[:, None])
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.softmax(logits, dim=-1)
+
+
+def _top_k_top_p(logits: torch.Tensor, rows: RowParams) -> torch.Tensor:
+    vocab = logits.shape[-1]
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    if rows.top_k is not None:
+        rank = torch.arange(vocab, device=logits.device)
+        sorted_logits = sorted_logits.masked_fill(rank[None, :] >= rows.top_k[:, None], float("-inf"))
+    probs = torch.softmax(sorted_logits, dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs  # probability of the strictly better tokens
+    drop = mass_before > rows.top_p[:, None]
+    drop[:, 0] = False  # always keep the most likely token
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+
+
+def to_probs(logits: torch.Tensor, params: list) -> torch.Tensor:
+    """logits: [N, V] float32, one row per params entry (no greedy rows) -> the probabilities [N, V] the
+    request samples from."""
+    return process(logits, RowParams.build(params, logits.shape[-1], logits.device, logits.dtype))
+
+
+def exponentials(generators: list[torch.Generator], size: int, device, dtype=torch.float32) -> torch.Tensor:
+    """[len(generators), size] Exp(1) noise, row i drawn from generators[i] (one device op per row)."""
+    noise = torch.empty(len(generators), size, dtype=dtype, device=device)
+    for row, gen in zip(noise, generators):
+        row.exponential_(generator=gen)
+    return noise
+
+
+def race(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """The exponential race: argmax of p / E with E ~ Exp(1) picks token i with probability p_i. [N]"""
+    return (probs / noise).argmax(dim=-1)
+
+
+def sample(probs: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
+    """probs: [N, V]; one draw per row from that row's request generator -> token ids [N] (on the device)."""
+    return race(probs, exponentials(generators, probs.shape[-1], probs.device, probs.dtype))

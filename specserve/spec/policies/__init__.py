@@ -1,0 +1,30 @@
+"""Speculation policies by name: `"policy"` in `--speculative-config` picks one (protocol: base.py)."""
+from __future__ import annotations
+
+from specserve.errors import SpecServeError
+from specserve.spec.policies.base import Policy
+
+POLICIES: dict[str, type[Policy]] = {}
+
+
+def register(name: str):
+    """Class decorator: make a Policy subclass selectable as `"policy": name`."""
+    def add(cls: type[Policy]) -> type[Policy]:
+        cls.name = name
+        POLICIES[name] = cls
+        return cls
+    return add
+
+
+def make_policy(name: str, max_drafts: int, options: dict | None = None) -> Policy:
+    if name not in POLICIES:
+        raise SpecServeError(f"unknown speculation policy {name!r} (choose from {', '.join(sorted(POLICIES))})")
+    try:
+        return POLICIES[name](max_drafts, **(options or {}))
+    except TypeError as e:  # an option the policy does not take, or a missing one
+        raise SpecServeError(f"policy {name!r}: bad policy_options: {e}") from None
+
+
+from specserve.spec.policies import static  # noqa: E402,F401  (registers the built-in policies)
+
+__all__ = ["POLICIES", "Policy", "make_policy", "register"]

@@ -1,0 +1,63 @@
+"""The speculation policy protocol: how many tokens each request drafts, decided once per step.
+
+The engine calls a policy at four points of a step (docs/design.md §3.4):
+
+1. `plan(batch)` -> draft lengths, one per decode of the step, before anything is drafted. `batch` is a
+   read-only BatchView: per request its id, context length, tokens left, live acceptance statistics,
+   which draft serves it; for the step the token budget left and the free KV slots.
+2. `keep_drafting(step, requests, confidences)` -> one bool per request still drafting, after each batched
+   draft step (only for policies with `stepwise = True`): `confidences[r]` holds the draft's probability
+   of every token request r drafted so far. False stops that request's draft where it is.
+3. `trim(batch, lengths, confidences)` -> final lengths (<= drafted), after drafting (stepwise only): drop
+   low-confidence suffixes before verification.
+4. `observe(feedback)` after verification: per request the drafted and accepted counts (per-position
+   outcomes via `DraftOutcome.outcomes`) and, if `wants_confidences`, the confidences; the step's
+   measured phase times and token counts.
+
+The policy never has to clamp: the scheduler cuts every length to [0, max_drafts], to what the request
+can still commit (max_tokens, max_model_len), to the step's token budget and to the free KV slots, in that
+order, after `plan`. Draft confidences are computed only for policies that set `wants_confidences`
+(or `stepwise`); a stepwise policy costs one device->host transfer per draft step.
+
+A new policy is one file: subclass Policy, decorate it with `@register("name")`, and select it with
+`"policy": "name"` in `--speculative-config` (its options go in `"policy_options"`). Worked example —
+draft long only while the batch is small, since each drafted token costs more as the batch grows:
+
+    from specserve.spec.policies import Policy, register
+
+    @register("small_batch")
+    class SmallBatch(Policy):
+        def __init__(self, max_drafts: int, max_batch: int = 4):
+            super().__init__(max_drafts)
+            self.max_batch = max_batch
+
+        def plan(self, batch):
+            k = self.max_drafts if len(batch) <= self.max_batch else 0
+            return [k] * len(batch)
+
+    # --speculative-config '{"model": "default", "policy": "small_batch", "policy_options": {"max_batch": 8}}'
+"""
+from __future__ import annotations
+
+from specserve.batch import BatchView, RequestView, StepFeedback
+
+
+class Policy:
+    name = "policy"
+    wants_confidences = False  # compute draft confidences and hand them to observe()
+    stepwise = False           # call keep_drafting() after each draft step and trim() after drafting
+
+    def __init__(self, max_drafts: int):
+        self.max_drafts = max_drafts
+
+    def plan(self, batch: BatchView) -> list[int]:
+        raise NotImplementedError
+
+    def keep_drafting(self, step: int, requests: list[RequestView], confidences: list[list[float]]) -> list[bool]:
+        return [True] * len(requests)
+
+    def trim(self, batch: BatchView, lengths: list[int], confidences: list[list[float]]) -> list[int]:
+        return lengths
+
+    def observe(self, feedback: StepFeedback) -> None:
+        pass
