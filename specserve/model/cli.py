@@ -21,7 +21,8 @@ def _fetch(args) -> int:
 
 
 def _list(args) -> int:
-    from specserve.model.registry import ALIASES, cache_dir, cached_models
+    from specserve.cache import cache_dir
+    from specserve.model.registry import ALIASES, cached_models
     print(f"cache: {cache_dir()}")
     cached = cached_models()
     for alias, path in cached:

@@ -6,7 +6,6 @@ convert it once to a Hugging Face directory under the cache.
 """
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from specserve.cache import cache_dir
 from specserve.errors import ModelLoadError
 
 
@@ -33,10 +33,6 @@ ALIASES = {
                               "SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0), Q4_1 GGUF dequantized"),
 }
 DEFAULT_MODEL = "smollm2-135m"
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("SPECSERVE_CACHE") or Path.home() / ".cache" / "specserve")
 
 
 def model_dir(alias: str) -> Path:

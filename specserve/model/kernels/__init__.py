@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from specserve.model.registry import cache_dir
+from specserve.cache import cache_dir
 
 log = logging.getLogger("specserve.kernels")
 

@@ -1,0 +1,106 @@
+"""The speculation policy protocol: a new policy is one class registered by name, it sees request ids and
+draft confidences, the scheduler clamps what it asks, and greedy output stays identical whatever it does."""
+import pytest
+
+from specserve import LLM, SamplingParams
+from specserve.errors import SpecServeError
+from specserve.spec.policies import POLICIES, Policy, register
+from tests.spec.test_speculative_engine import GREEDY, prompts
+
+
+@register("test_alternating")
+class Alternating(Policy):
+    """Drafts greedily much on even steps, nothing on odd ones; records what it was told."""
+
+    wants_confidences = True
+
+    def __init__(self, max_drafts, ask=100):
+        super().__init__(max_drafts)
+        self.ask, self.steps, self.feedback = ask, 0, []
+
+    def plan(self, batch):
+        self.steps += 1
+        return [self.ask if self.steps % 2 else 0] * len(batch)
+
+    def observe(self, feedback):
+        self.feedback.append(feedback)
+
+
+@register("test_stepwise")
+class Stepwise(Policy):
+    """Stops a request's draft after its first token when its id is odd; trims every draft to 2."""
+
+    stepwise = True
+
+    def __init__(self, max_drafts):
+        super().__init__(max_drafts)
+        self.calls = []
+
+    def plan(self, batch):
+        return [self.max_drafts] * len(batch)
+
+    def keep_drafting(self, step, requests, confidences):
+        self.calls.append(("keep", step, [r.request_id for r in requests], confidences))
+        return [int(r.request_id) % 2 == 0 for r in requests]
+
+    def trim(self, batch, lengths, confidences):
+        self.calls.append(("trim", lengths, confidences))
+        return [min(n, 2) for n in lengths]
+
+
+@pytest.fixture(scope="module")
+def greedy_baseline(tiny_target):
+    ps = prompts(12, seed=7)
+    return ps, [o.token_ids for o in LLM(model=str(tiny_target), dtype="float32").generate(ps, GREEDY)]
+
+
+def test_a_registered_policy_is_selected_by_name_and_clamped(tiny_target, tiny_draft, greedy_baseline):
+    ps, want = greedy_baseline
+    llm = LLM(model=str(tiny_target), dtype="float32", speculative_config={
+        "model": str(tiny_draft), "num_speculative_tokens": 3, "policy": "test_alternating"})
+    policy = llm.engine.policy
+    assert isinstance(policy, Alternating) and "test_alternating" in POLICIES
+    assert [o.token_ids for o in llm.generate(ps, GREEDY)] == want
+    drafted = [f for f in policy.feedback if any(o.num_drafted for o in f.outcomes)]
+    assert drafted and len(drafted) < len(policy.feedback)  # some steps drafted, others did not
+    for f in drafted:  # asked 100, clamped to the ceiling (or less where fewer tokens were left)
+        assert max(o.num_drafted for o in f.outcomes) <= 3
+        for o, r in zip(f.outcomes, f.batch.requests):
+            assert o.request_id == r.request_id and 0 <= o.num_accepted <= o.num_drafted
+            assert o.num_drafted <= max(0, r.tokens_left - 1)
+            assert len(o.confidences) == o.num_drafted and all(0 < c <= 1 for c in o.confidences)
+            assert o.outcomes == [True] * o.num_accepted + [False] * (o.num_accepted < o.num_drafted)
+        assert f.times.forward > 0 and f.num_verify_tokens == len(f.outcomes) + sum(o.num_drafted for o in f.outcomes)
+
+
+def test_policy_options_reach_the_policy(tiny_target, tiny_draft):
+    llm = LLM(model=str(tiny_target), dtype="float32", speculative_config={
+        "model": str(tiny_draft), "num_speculative_tokens": 3, "policy": "test_alternating",
+        "policy_options": {"ask": 1}})
+    llm.generate(prompts(4), GREEDY)
+    assert max(o.num_drafted for f in llm.engine.policy.feedback for o in f.outcomes) == 1
+
+
+def test_stepwise_policies_stop_and_trim_per_request(tiny_target, tiny_draft, greedy_baseline):
+    ps, want = greedy_baseline
+    llm = LLM(model=str(tiny_target), dtype="float32", speculative_config={
+        "model": str(tiny_draft), "num_speculative_tokens": 4, "policy": "test_stepwise"})
+    outs = llm.generate(ps, GREEDY)
+    assert [o.token_ids for o in outs] == want
+    calls = llm.engine.policy.calls
+    keeps = [c for c in calls if c[0] == "keep"]
+    assert keeps and all(len(conf) == len(ids) and all(len(c) == step for c in conf) for _, step, ids, conf in keeps)
+    assert all(step == 1 or all(int(i) % 2 == 0 for i in ids) for _, step, ids, _ in keeps)  # odd ids stopped
+    assert any(max(c[1]) > 2 for c in calls if c[0] == "trim")  # drafts longer than the trim were made
+    for out in outs:  # ... and none longer than 2 (odd ids: 1) was verified
+        assert out.spec["num_draft_tokens"] <= (2 if int(out.request_id) % 2 == 0 else 1) * out.spec["num_drafts"]
+
+
+def test_unknown_policies_and_bad_options_are_clear_errors(tiny_target, tiny_draft):
+    base = {"model": str(tiny_draft), "num_speculative_tokens": 2}
+    with pytest.raises(SpecServeError, match="unknown speculation policy 'nope'.*static"):
+        LLM(model=str(tiny_target), speculative_config=dict(base, policy="nope"))
+    with pytest.raises(SpecServeError, match="bad policy_options"):
+        LLM(model=str(tiny_target), speculative_config=dict(base, policy="static", policy_options={"k": 1}))
+    with pytest.raises(SpecServeError, match="policy_options"):
+        LLM(model=str(tiny_target), speculative_config=dict(base, policy_options=[1]))
