@@ -29,6 +29,8 @@ out; the issue's goals are scored on the runs as measured.
     python bench/run_drift.py runs/latency16/fixed.jsonl [--quiet]
     python bench/run_drift.py bench/results/latency19/fixed.jsonl \
         --probes bench/results/latency19/fixed.probes.jsonl --step-times
+    python bench/run_drift.py bench/results/latency20/fixed.jsonl --step-times --quiet \
+        --markdown bench/results/latency20/drift.md     # the committed tables
 """
 from __future__ import annotations
 
@@ -205,7 +207,7 @@ def validations(results: str, slowness: dict[str, dict[str, float]], markdown_fi
         sections.append(section)
     if markdown_file:
         with open(markdown_file, "w") as f:
-            f.write(f"`python bench/run_drift.py {' '.join(sys.argv[1:])}`\n\n" + "\n".join(sections))
+            f.write(f"Tables written by `python bench/run_drift.py {' '.join(sys.argv[1:])}`\n\n" + "\n".join(sections))
     return out
 
 
