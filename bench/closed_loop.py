@@ -1,6 +1,6 @@
 """Closed-loop latency of our server: B requests always in flight, plain decoding against SD (issue 8).
 
-In closed loop, Little's law turns SPEC §2's `L = C1 / (1 - λ·C2)` into `L = C1 + B·C2` (λ = B / L):
+In closed loop, Little's law turns docs/design.md §2.1's `L = C1 / (1 - λ·C2)` into `L = C1 + B·C2` (λ = B / L):
 mean E2E must rise by the same C2 for every request added in flight. This script measures that rise
 without arrival noise, for plain decoding and the draft at each k in --ks, and fits the line.
 

@@ -29,11 +29,14 @@ out; the issue's goals are scored on the runs as measured.
     python bench/run_drift.py runs/latency16/fixed.jsonl [--quiet]
     python bench/run_drift.py bench/results/latency19/fixed.jsonl \
         --probes bench/results/latency19/fixed.probes.jsonl --step-times
+    python bench/run_drift.py bench/results/latency20/fixed.jsonl --step-times --quiet \
+        --markdown bench/results/latency20/drift.md     # the committed tables
 """
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 from dataclasses import replace
 from datetime import datetime
 
@@ -188,18 +191,23 @@ def track(name: str, slow: dict[str, float], rows: list[tuple[dict, float]]) -> 
     return out
 
 
-def validations(results: str, slowness: dict[str, dict[str, float]]) -> dict[str, float]:
-    """Print the held-out tables as measured and rescaled by each slowness measure; return the
-    held-out-rate MAPE of each ("measured" and the measures' names)."""
+def validations(results: str, slowness: dict[str, dict[str, float]], markdown_file: str | None = None) -> dict[str, float]:
+    """Print the held-out tables as measured and rescaled by each slowness measure (and write them to
+    markdown_file); return the held-out-rate MAPE of each ("measured" and the measures' names)."""
     runs = load_runs([results])
     out = {}
+    sections = []
     for name, fitted in [("measured", runs)] + [
             (n, [at_median_speed(r, slow[r.run_key]) for r in runs if r.run_key in slow]) for n, slow in slowness.items()]:
         report = fit_runs(fitted, FitOptions(), [results])
         out[name] = report.cross_validation["rate"]["overall"]["e2e"]["mape"]
         title = "as measured" if name == "measured" else f"at the sweep's median speed ({name})"
-        print(f"\n### Held-out validation, runs {title}\n")
-        print(markdown(report))
+        section = f"### Held-out validation, runs {title}\n\n{markdown(report)}"
+        print("\n" + section)
+        sections.append(section)
+    if markdown_file:
+        with open(markdown_file, "w") as f:
+            f.write(f"Tables written by `python bench/run_drift.py {' '.join(sys.argv[1:])}`\n\n" + "\n".join(sections))
     return out
 
 
@@ -209,6 +217,7 @@ def main() -> None:
     p.add_argument("--quiet", action="store_true", help="only the summary")
     p.add_argument("--probes", help="the sweep's RESULTS.probes.jsonl (bench sweep --probe)")
     p.add_argument("--step-times", action="store_true", help="the runs' own step times (per-request rows)")
+    p.add_argument("--markdown", help="also write the held-out tables (as measured and rescaled) to this file")
     args = p.parse_args()
     records = read_runs(args.results)
     rows = residuals(records)
@@ -236,7 +245,7 @@ def main() -> None:
     for name, slow in slowness.items():
         track(name, slow, rows)
     if slowness:
-        validations(args.results, slowness)
+        validations(args.results, slowness, args.markdown)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ configurations alike. Each configuration is its own engine (~0.7 GB with its KV 
 
 Per configuration: output tokens/s and mean latency per request, acceptance rate, mean acceptance
 length E (tokens committed per step that drafted), tokens per step over all steps (n-gram lookup drafts
-nothing on some steps), and the speedup SPEC §2.2 predicts from the measured per-step costs:
+nothing on some steps), and the speedup docs/design.md §2.2 predicts from the measured per-step costs:
 tokens/step * T_dense / (T_verify(k) + T_draft(k)), with T_dense the mean plain decode step,
 T_verify the mean target forward over k+1 tokens and T_draft the mean drafting time of a step.
 Then the same k at batch 8 and 32 (all prompts submitted at once) to show how the speedup falls.

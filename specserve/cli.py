@@ -11,6 +11,18 @@ import sys
 
 from specserve.errors import SpecServeError
 
+DESCRIPTION = ("specserve: an LLM inference server with speculative decoding (OpenAI-compatible API)\n"
+               "and an interpretable latency model of speculative decoding under load.")
+EPILOG = """examples:
+  specserve models fetch smollm2-135m         # download the default target once
+  specserve serve                             # serve it on http://127.0.0.1:8000/v1 with the shipped drafts
+  specserve generate --prompt "def fib(n):"   # offline generation
+  specserve bench --base-url http://127.0.0.1:8000 --request-rate 2 --max-requests 50
+  specserve latency fit bench/results/latency20/fixed.jsonl -o model.json
+  specserve distill --target smollm2-135m --out my-draft --corpus code --method eagle --minutes 60
+
+Run `specserve COMMAND --help` for a command's options; docs: README.md and docs/."""
+
 # (module, description) in the order `specserve --help` lists them.
 SUBCOMMAND_MODULES = [
     "specserve.model.cli",      # models fetch / list
@@ -23,7 +35,8 @@ SUBCOMMAND_MODULES = [
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="specserve", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="specserve", description=DESCRIPTION, epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name in SUBCOMMAND_MODULES:
         try:

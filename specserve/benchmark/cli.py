@@ -90,12 +90,17 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("bench", help=RUN_HELP, description=RUN_HELP + ". Sub-forms: "
-                              "'bench sweep' (many rates and configurations), 'bench report' (plots).")
+                              "'bench sweep' (many rates and configurations), 'bench report' (plots).",
+                              epilog="example: specserve bench --base-url http://127.0.0.1:8000 --request-rate 2 "
+                                     "--max-requests 50 --input-len 256 --output-len 128 --slo 'ttft:2000 tpot:200'")
     add_run_args(p)
     p.set_defaults(func=_run)
     sub = p.add_subparsers(dest="bench_command", metavar="{sweep,report}")
     s = sub.add_parser("sweep", help="every configuration at every rate, into one results file",
-                       description="Run every configuration at every rate; append one line per run.")
+                       description="Run every configuration at every rate; append one line per run.",
+                       epilog="example: specserve bench sweep --configs sweep.json --fractions 0.25,0.5,0.75 "
+                              "--input-len 256 --output-len 64 --duration 40 --results runs/sweep.jsonl "
+                              "(docs/bench.md#sweeps)")
     add_run_args(s)
     g = s.add_argument_group("sweep")
     rates = g.add_mutually_exclusive_group(required=True)

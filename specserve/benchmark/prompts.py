@@ -25,7 +25,7 @@ DATASETS = {
 }
 RANDOM = "random"
 # Code completion prompts: prefixes of the CPython standard library's own modules, a real offline corpus
-# on every machine (SPEC §4). It follows the running Python's version, so record that with results.
+# on every machine (docs/design.md §7). It follows the running Python's version, so record that with results.
 STDLIB = "python-stdlib"
 _STDLIB_FILES = 400          # modules sampled (every n-th of the sorted list): enough variety, quick to load
 _STDLIB_PREFIX_CHARS = 3000  # a prompt is the start of a module, cut at a line end

@@ -12,7 +12,9 @@ def register(subparsers) -> None:
         "distill", help="train a draft model for speculative decoding",
         description="Distil a small Llama-family draft from a target (teacher forcing on real text, cached "
                     "top-k target logits, optional reduced draft vocabulary) and save a directory that "
-                    "--speculative-config accepts.")
+                    "--speculative-config accepts.",
+        epilog="example: specserve distill --target smollm2-135m --out my-draft --corpus code --method eagle "
+               "--minutes 60 (docs/distill.md)")
     p.add_argument("--target", default=DEFAULT_MODEL, help="target model (directory, .gguf or alias)")
     p.add_argument("--out", required=True, help="directory to write the draft to")
     p.add_argument("--corpus", nargs="+", required=True, metavar="{code,chat,FILE}",

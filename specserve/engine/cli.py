@@ -10,7 +10,11 @@ SAMPLE_PROMPT = "Write a Python function that checks whether a number is prime."
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("generate", help="generate text offline (batched, optionally speculative)")
+    p = subparsers.add_parser(
+        "generate", help="generate text offline (batched, optionally speculative)",
+        description="Generate text for one or more prompts without a server (the engine run in-process).",
+        epilog="example: specserve generate --prompt 'def fibonacci(n):' --max-tokens 64 "
+               "--speculative-config '{\"model\": \"default\", \"num_speculative_tokens\": 3}'")
     add_engine_args(p, OFFLINE_MAX_NUM_BATCHED_TOKENS)
     p.add_argument("--prompt", action="append", help="a prompt (repeatable); default: a sample prompt")
     p.add_argument("--prompts-file", help="a text file with one prompt per line")

@@ -1,4 +1,4 @@
-"""The interpretable latency model of SPEC §2: L = C1/(1 − λ·C2), six SD coefficients, TTFT/TPOT/tails.
+"""The interpretable latency model of docs/design.md §2: L = C1/(1 − λ·C2), six SD coefficients, TTFT/TPOT/tails.
 
 Layout (docs/latency.md has the equations): `acceptance`, `formulas`, `moe` are the pure math; `runs`,
 `requests`, `saturation` read bench results; `regression`, `e2e`, `phases`, `tails`, `lengths`, `fit`,

@@ -1,4 +1,4 @@
-"""Expected tokens committed per verification cycle, E(α, k) — SPEC §2.2.
+"""Expected tokens committed per verification cycle, E(α, k) — docs/design.md §2.2.
 
 A cycle drafts k tokens, verifies them in one target pass, keeps the longest accepted prefix and adds
 one token from the target, so 1 ≤ E ≤ k + 1.

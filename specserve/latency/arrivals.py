@@ -1,6 +1,6 @@
 """Arrival regularity: how many other requests a request shares the server with.
 
-SPEC §2's L = C1 + B·C2 with B = λ·L charges every request for λ·L others in flight over its lifetime.
+docs/design.md §2.1's L = C1 + B·C2 with B = λ·L charges every request for λ·L others in flight over its lifetime.
 That is exact for Poisson arrivals only. Real streams are often more regular (a rate limiter, a client
 pacing its calls) or burstier (a trace's spikes). With independent arrival gaps of coefficient of
 variation c (a renewal process) and lifetimes L, the others a request meets over its lifetime number on
@@ -9,7 +9,7 @@ average
     company(x) = (2/x)·∫_0^x M(v) dv,        x = λ·L,
 
 where M(v), the renewal function, is the mean number of arrivals within v mean gaps after an arrival
-(and, gaps being independent, before one). Poisson (c = 1): M(v) = v and company(x) = x, SPEC §2's B.
+(and, gaps being independent, before one). Poisson (c = 1): M(v) = v and company(x) = x, docs/design.md §2.1's B.
 Regular arrivals (c < 1) leave a request alone while x < 1 and charge it x − (1 − c²) at high load;
 bursty ones (c > 1) charge x + c² − 1. The mean latency is then the smallest root of
 

@@ -36,7 +36,7 @@ def _fit_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-draft-floor", action="store_true",
                    help="fit c2d freely instead of at least c2v (a drafted token's load at least a verify cycle's)")
     p.add_argument("--assume-poisson", action="store_true",
-                   help="take every run's arrivals as Poisson (load = rate*L, SPEC §2) even where the "
+                   help="take every run's arrivals as Poisson (load = rate*L, docs/design.md §2.1) even where the "
                         "records state a more regular or burstier process")
 
 
@@ -48,8 +48,11 @@ def _arrival_cv(p: argparse.ArgumentParser) -> None:
 
 def register(subparsers) -> None:
     latency = subparsers.add_parser("latency", help="fit, predict, plan and explain SD latency under load",
-                                    description="The interpretable latency model (SPEC §2): "
-                                                "L = C1/(1 - rate*C2) with six SD coefficients.")
+                                    description="The interpretable latency model (docs/design.md §2): fit "
+                                                "L = C1/(1 - rate*C2) with six SD coefficients to a bench sweep "
+                                                "of any server, then predict, plan k, explain and validate.",
+                                    epilog="example: specserve latency fit bench/results/latency20/fixed.jsonl "
+                                           "-o model.json && specserve latency explain model.json")
     sub = latency.add_subparsers(dest="latency_command", required=True)
 
     p = sub.add_parser("fit", help="fit a model from bench results")

@@ -1,4 +1,4 @@
-"""Mean end-to-end latency: per-configuration (C1, C2) fits and the pooled six-coefficient fit (SPEC §2).
+"""Mean end-to-end latency: per-configuration (C1, C2) fits and the pooled six-coefficient fit (docs/design.md §2).
 
 Both use one procedure: a non-negative least-squares fit of L on B̂ = λ·L (L = C1 + B̂·C2, the initial guess)
 refined by nonlinear least squares of L(λ) = C1/(1 − λ·C2). Residuals are relative, (L̂ − L)/L: latency
@@ -15,9 +15,9 @@ lengths) outweigh it.
 
 The draft floor, c2d ≥ c2v. Per cycle a co-resident request adds c2v + k·c2d to everyone's latency: its
 row in the verify pass (plus any per-request work of a cycle) and, per drafted token, another verify row
-plus its share of the draft passes (SPEC §2.2: "draft pass plus the marginal verify cost"). A drafted
-token therefore adds at least what a row adds, and the fit holds c2d ≥ c2v by fitting c2d − c2v ≥ 0 in
-its place. Without the bound, speculative runs alone (no plain decoding to pin c2v) can put load on c2v
+plus its share of the draft passes (docs/design.md §2.2: a draft forward plus the marginal cost of its
+verify row). A drafted token therefore adds at least what a row adds, and the fit holds c2d ≥ c2v by
+fitting c2d − c2v ≥ 0 in its place. Without the bound, speculative runs alone (no plain decoding to pin c2v) can put load on c2v
 that belongs to the drafts, and plain decoding predicted from them (k = 0: C2 = c2p + g·c2v) comes out far
 too slow. `--no-draft-floor` turns it off, for a server whose per-request work per cycle outweighs
 its draft (then c2v may exceed c2d).

@@ -32,7 +32,7 @@ class FitOptions:
     prefill_prior: bool = True  # draw c2p towards a lone request's TTFT (e2e.py)
     draft_floor: bool = True  # a drafted token adds at least what a verify cycle does to load, c2d ≥ c2v (e2e.py)
     arrival_regularity: bool = True  # count the company the runs' stated arrival CV gives (arrivals.py);
-    # False treats every run as Poisson, SPEC §2's λ·L
+    # False treats every run as Poisson, the λ·L of docs/design.md §2.1
 
 
 @dataclass(slots=True)
@@ -156,13 +156,13 @@ def fit_runs(runs: Sequence[BenchRun], options: FitOptions | None = None,
 def _arrival_note(runs: Sequence[BenchRun], regularity: bool, assumed: float) -> str:
     cvs = sorted({r.cv for r in runs})
     if not regularity:
-        return "arrivals taken as Poisson (--assume-poisson): load is SPEC §2's λ·L"
+        return "arrivals taken as Poisson (--assume-poisson): load is the λ·L of docs/design.md §2.1"
     if cvs == [1.0]:
-        return "arrivals Poisson (or not stated): load is SPEC §2's λ·L"
+        return "arrivals Poisson (or not stated): load is the λ·L of docs/design.md §2.1"
     stated = ", ".join(f"{c:g}" for c in cvs)
     return (f"arrival-gap CV {stated}: load is the company such arrivals give a request (arrivals.py; "
-            f"--assume-poisson fits SPEC §2's λ·L); predictions assume CV {assumed:g} unless --arrival-cv "
-            "says otherwise")
+            f"--assume-poisson fits the λ·L of docs/design.md §2.1); predictions assume CV {assumed:g} unless "
+            "--arrival-cv says otherwise")
 
 
 def _company_note(measured: Sequence[tuple[float, BenchRun]]) -> str:

@@ -1,4 +1,5 @@
-"""SPEC §2.1–2.3 as pure functions: L = C1/(1 − λ·C2), the six SD coefficients, speedup, break-even, best k.
+"""docs/design.md §2.1–2.3 as pure functions: L = C1/(1 − λ·C2), the six SD coefficients, speedup, break-even,
+best k.
 
 Conventions: rates in requests/s, times in seconds. A rate at or beyond saturation (λ·C2 ≥ 1) has no steady
 state: latency is `inf` there, never a negative or wrapped-around number.
@@ -64,7 +65,8 @@ class Demands:
 
 @dataclass(frozen=True, slots=True)
 class SpecCoefficients:
-    """The six per-deployment coefficients of SPEC §2.2 (seconds; *p prefill, *v verify, *d per drafted token)."""
+    """The six per-deployment coefficients of docs/design.md §2.2 (seconds; *p prefill, *v verify, *d per drafted
+    token)."""
 
     c1p: float
     c1v: float
@@ -113,7 +115,7 @@ def speedup(rate: float, dense: Demands, sd: Demands) -> float:
 
 
 def speedup_from_ratios(c1r: float, c2r: float, dense_load: float) -> float:
-    """SPEC §2.3: speedup = (1/C1R)·[1 + (1 − C2R)·r/(1 − r)], r = λ·C2_dense in [0, 1)."""
+    """docs/design.md §2.3: speedup = (1/C1R)·[1 + (1 − C2R)·r/(1 − r)], r = λ·C2_dense in [0, 1)."""
     r = float(dense_load)
     if not (0.0 <= r < 1.0):
         raise SpecServeError(f"dense load r = λ·C2_dense must be in [0, 1), got {dense_load!r}")
@@ -133,7 +135,7 @@ class BreakEven:
 
 
 def break_even(dense: Demands, sd: Demands) -> BreakEven:
-    """Crossing of L_SD and L_dense (SPEC §2.3): r* = (C1R − 1)/(C1R − C2R), λ* = r*/C2_dense.
+    """Crossing of L_SD and L_dense (docs/design.md §2.3): r* = (C1R − 1)/(C1R − C2R), λ* = r*/C2_dense.
 
     Written with differences rather than ratios so that a contention-free baseline (C2_dense = 0) still
     has a well-defined crossing rate. C1 decides the winner at zero load, C2 near saturation.
@@ -157,7 +159,7 @@ def _demands_by_k(coefs: SpecCoefficients, output_tokens: float, alpha: float | 
 
 def best_k_at_rate(coefs: SpecCoefficients, rate: float, output_tokens: float,
                    alpha: float | Sequence[float], ks: Iterable[int]) -> tuple[int, float]:
-    """argmin_k C1(k)/(1 − λ·C2(k)) over ks (SPEC §2.3); ties go to the shorter draft (less waste)."""
+    """argmin_k C1(k)/(1 − λ·C2(k)) over ks (docs/design.md §2.3); ties go to the shorter draft (less waste)."""
     latency = {k: d.latency(rate) for k, d in _demands_by_k(coefs, output_tokens, alpha, ks).items()}
     best = min(latency, key=lambda k: (latency[k], k))
     if math.isinf(latency[best]):

@@ -1,4 +1,4 @@
-"""Mixture-of-experts coverage correction (SPEC §2.3).
+"""Mixture-of-experts coverage correction (docs/design.md §2.3).
 
 A step that routes T tokens, each to m of M experts, touches a fraction φ(T) = 1 − (1 − m/M)^T of the
 expert weights, so each demand is C = C_u + φ·C_s (C_u: the part every step pays, C_s: the expert weights

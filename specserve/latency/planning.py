@@ -1,5 +1,5 @@
 """Decisions from a fitted model: best k per rate, break-even rates, the most load a latency target
-allows, and the bands of rate over which each k is best (SPEC §2.3)."""
+allows, and the bands of rate over which each k is best (docs/design.md §2.3)."""
 from __future__ import annotations
 
 import math

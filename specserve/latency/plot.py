@@ -65,7 +65,7 @@ def _company_collapse(ax, report: FitReport, runs: Sequence[BenchRun]) -> None:
     x = np.linspace(0, 1.1 * top, 200)
     mixed = "" if report.model.lifetimes.equal else ", the fitted length mix"
     ax.plot(x, company(x, cv, report.model.lifetimes), "k-", lw=1.5, label=f"y = company(x), arrival CV {cv:g}{mixed}")
-    ax.plot(x, x, "k:", lw=1, label="y = x (Poisson, SPEC §2)")
+    ax.plot(x, x, "k:", lw=1, label="y = x (Poisson)")
     ax.set(xlabel="x = rate x L (requests in flight)", ylabel="y = (L - C1) / C2 (company met)",
            title="Every configuration on one curve")
     ax.legend(fontsize=7)

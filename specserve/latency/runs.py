@@ -84,12 +84,12 @@ class BenchRun:
 
     @property
     def cv(self) -> float:
-        """The arrival CV the load terms use: the stated one, else Poisson's 1 (SPEC §2's assumption)."""
+        """The arrival CV the load terms use: the stated one, else Poisson's 1 (docs/design.md §2.1 assumes it)."""
         return 1.0 if self.arrival_cv is None else self.arrival_cv
 
     @property
     def in_flight(self) -> float:
-        """B̂ = λ·L (Little's law with the achieved rate), the load measure of SPEC §2.1."""
+        """B̂ = λ·L (Little's law with the achieved rate), the load measure of docs/design.md §2.1."""
         return self.achieved_rate * self.e2e.mean
 
 

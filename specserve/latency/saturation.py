@@ -1,4 +1,4 @@
-"""Which runs are past saturation, or never in a steady state, and must not be fitted (SPEC §2.1: fit only
+"""Which runs are past saturation, or never in a steady state, and must not be fitted (docs/design.md §2.1: fit only
 pre-saturation points).
 
 A saturated run has no steady state: its mean latency depends on how long the run lasted, not on the rate,

@@ -90,7 +90,7 @@ def goal_line(by: str, result: dict) -> str:
 
 
 def markdown(report: FitReport) -> str:
-    """The tables as Markdown, for a README."""
+    """The tables as Markdown, for a document (e.g. bench/results/*/validate.md)."""
     parts = []
     for by, result in report.cross_validation.items():
         names = header(result)

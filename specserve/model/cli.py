@@ -5,7 +5,10 @@ import argparse
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("models", help="fetch and list cached models")
+    p = subparsers.add_parser(
+        "models", help="fetch and list cached models",
+        description="Download a model by alias into the local cache, or list what is cached.",
+        epilog="example: specserve models fetch smollm2-135m && specserve models list")
     sub = p.add_subparsers(dest="models_command", required=True)
     fetch = sub.add_parser("fetch", help="download and convert a model alias into the cache")
     fetch.add_argument("alias", help="model alias, e.g. smollm2-135m")

@@ -3,7 +3,7 @@
 `F.linear` on a plain [out, in] weight leaves oneDNN to prepare the weight for its kernels on every
 call. Packing it once at load time (the same op torch.compile's CPU backend uses when it freezes
 weights) removes that per-call work; in `bench/engine_throughput.py` it took specserve from 171.9 to
-233.3 output tok/s (README). bf16 outputs are bit-identical to `F.linear`'s; float32 outputs differ
+233.3 output tok/s (one run when packing was added). bf16 outputs are bit-identical to `F.linear`'s; float32 outputs differ
 in accumulation order only (tests/model/test_packed_linear.py).
 """
 from __future__ import annotations

@@ -7,16 +7,21 @@ import os
 from specserve.engine.args import add_engine_args
 from specserve.engine.config import SERVER_MAX_NUM_BATCHED_TOKENS
 
-# Prompt lookup where it finds a match, the shipped EAGLE draft elsewhere, k = 3: within 0.03x of the best
-# batch-1 setting on both workloads of bench/spec_decode.py (1.69x on code with the code draft, 1.34x on
-# chat with the chat draft; README). Under load fixed-k drafting loses; choosing k per step is the
-# adaptive controller's job (SPEC §3).
+# Prompt lookup where it finds a match, the shipped EAGLE draft elsewhere, k = 3: as fast as the best
+# batch-1 setting on both workloads of bench/spec_decode.py (1.98x on code, 1.46x on chat in the run of
+# docs/experiments/spec-decode-benchmarks.md, with the chat draft of then). Under load fixed-k drafting
+# loses; choosing k per step is the adaptive controller's job (docs/design.md §3).
 DEFAULT_SPECULATIVE = '{"model": "default", "num_speculative_tokens": 3, "ngram_first": true}'
 API_KEY_ENV = "SPECSERVE_API_KEY"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server (SSE streaming, /metrics)")
+    p = subparsers.add_parser(
+        "serve", help="OpenAI-compatible HTTP server (SSE streaming, /metrics)",
+        description="Serve a model over the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models, "
+                    "/metrics), with speculative decoding by the shipped drafts unless told otherwise.",
+        epilog="example: specserve serve --port 8000   (then: curl http://127.0.0.1:8000/v1/models); "
+               "plain decoding: --speculative-config none")
     add_engine_args(p, SERVER_MAX_NUM_BATCHED_TOKENS)
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1")

@@ -37,8 +37,8 @@ def test_default_drafts_speculate_for_smollm2_each_on_its_own_prompts(smollm2_di
     batch, and both stay token-identical to plain greedy decoding.
 
     Float32: in bf16 the target's GEMMs may round a row differently when a step carries 1 or k+1 rows of
-    a sequence (oneDNN picks kernels by row count), which can flip a near-tied argmax; see the README's
-    note on losslessness. On the code prompt that happened at the 7th token in bf16 with an earlier build."""
+    a sequence (oneDNN picks kernels by row count), which can flip a near-tied argmax; see
+    docs/experiments/engine-benchmarks.md, "Losslessness in float32 and bf16". On the code prompt that happened at the 7th token in bf16 with an earlier build."""
     from specserve import LLM, SamplingParams
     from tests.spec.test_router import recording_routes
     monkeypatch.delenv(drafts.DEFAULT_ENV, raising=False)

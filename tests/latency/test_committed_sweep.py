@@ -1,7 +1,12 @@
-"""The README's rows for the committed sweeps are what `specserve latency validate` (and, rescaled to the
-in-run speed, `bench/run_drift.py --step-times`) print for them.
+"""The published validation numbers of the committed sweeps are what the code computes from their data.
 
-A change to the fit that moves these numbers must update the README (and docs/latency.md) with them."""
+README.md and docs/experiments/latency-validation.md quote held-out errors from the tables committed
+beside each sweep's results: `bench/results/<sweep>/validate.md` (written by `specserve latency validate
+bench/results/<sweep>/fixed.jsonl --markdown ...`) and `bench/results/<sweep>/drift.md` (written by
+`python bench/run_drift.py bench/results/<sweep>/fixed.jsonl --step-times --quiet --markdown ...`). These
+tests recompute the held-out errors from the committed runs and compare them with those tables, so a
+change to the fit that moves a published number fails here until the tables are regenerated (and the
+docs that quote them follow)."""
 import importlib.util
 import re
 from pathlib import Path
@@ -14,41 +19,39 @@ from specserve.latency.validate import validate_files
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "results"
-README = (ROOT / "README.md").read_text().splitlines()
+SWEEPS = ("latency18", "latency19", "latency20")
 
 
-def _row(prefix: str) -> str:
-    rows = [line for line in README if line.startswith(prefix)]
-    assert len(rows) == 1, rows
-    return rows[0]
+def _committed_held_out(text: str) -> tuple[str, ...]:
+    """The E2E MAPE of the "all held-out points" rows, in order (held-out rates, then configurations)."""
+    return tuple(re.findall(r"^\| all held-out points \| \d+ \| ([\d.]+)% \|", text, re.MULTILINE))
 
 
 def _held_out(report) -> tuple[str, str]:
     return tuple(f"{report.cross_validation[by]['overall']['e2e']['mape']:.2f}" for by in ("rate", "configuration"))
 
 
-@pytest.mark.parametrize("sweep, prefix", [("latency18", "| latency18, latency17's command repeated"),
-                                           ("latency19", "| latency19, latency18's command repeated"),
-                                           ("latency20", "| **latency20**, latency19's command repeated")])
-def test_readme_row_matches_the_committed_results(sweep, prefix):
+@pytest.mark.parametrize("sweep", SWEEPS)
+def test_committed_validation_tables_match_the_committed_results(sweep):
     report = validate_files([RESULTS / sweep / "fixed.jsonl"])
-    assert not report.excluded  # 40 of 40 runs kept, as the README says
-    headline = re.search(r"\| (?:\*\*)?([\d.]+) / (?:\*\*)?([\d.]+) %(?:\*\*)? \|", _row(prefix))
-    assert headline, prefix
-    assert _held_out(report) == headline.groups()
+    assert not report.excluded  # 40 of 40 runs kept, as the docs say
+    committed = _committed_held_out((RESULTS / sweep / "validate.md").read_text())
+    assert len(committed) == 2, committed
+    assert _held_out(report) == committed
 
 
-def test_readme_in_run_speed_row_matches_the_committed_results():
+@pytest.mark.parametrize("sweep", SWEEPS)
+def test_committed_in_run_speed_tables_match_the_committed_results(sweep):
     spec = importlib.util.spec_from_file_location("run_drift", ROOT / "bench" / "run_drift.py")
     run_drift = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(run_drift)
-    got = []
-    for sweep in ("latency18", "latency19", "latency20"):
-        results = RESULTS / sweep / "fixed.jsonl"
-        slow = run_drift.step_slowness(run_drift.read_runs(results), run_drift.read_request_rows(results))
-        runs = [run_drift.at_median_speed(r, slow[r.run_key]) for r in load_runs([results])]
-        assert len(runs) == 40  # every run has a slowness
-        got += _held_out(fit_runs(runs, FitOptions()))
-    row = _row("| latency18 / latency19 / latency20 at the in-run speed")
-    e2e = row.split(" | ")[2]  # the E2E MAPE cell: "rate / configuration %" per sweep
-    assert tuple(n for pair in re.findall(r"([\d.]+) / ([\d.]+) %", e2e) for n in pair) == tuple(got)
+    results = RESULTS / sweep / "fixed.jsonl"
+    slow = run_drift.step_slowness(run_drift.read_runs(results), run_drift.read_request_rows(results))
+    runs = [run_drift.at_median_speed(r, slow[r.run_key]) for r in load_runs([results])]
+    assert len(runs) == 40  # every run has a slowness
+    text = (RESULTS / sweep / "drift.md").read_text()
+    rescaled = text.split("### Held-out validation, runs at the sweep's median speed (step times)", 1)
+    assert len(rescaled) == 2, "drift.md has no step-times section"
+    committed = _committed_held_out(rescaled[1])
+    assert len(committed) == 2, committed
+    assert _held_out(fit_runs(runs, FitOptions())) == committed

@@ -272,7 +272,8 @@ def test_recovers_coefficients_under_regular_arrivals_and_poisson_load_does_not(
     for name, value in TPOT.items():
         assert _rel(m.tpot.coefficients[name], value) < 0.02, name
     assert m.arrival_cv == 0.25 and any("CV 0.25" in n for n in report.notes)
-    # SPEC §2's λ·L charges a lone-ish request for company it never meets: curved data, biased coefficients
+    # the λ·L of docs/design.md §2.1 charges a lone-ish request for company it never meets: curved data, biased
+    # coefficients
     poisson = fit_runs(runs, FitOptions(cross_validate=False, arrival_regularity=False)).model.e2e.coefficients
     assert poisson.mape > 5 * got.mape
     assert max(_rel(poisson[name], true) for name, true in dataclasses.asdict(TRUE).items()) > 0.1
@@ -281,7 +282,8 @@ def test_recovers_coefficients_under_regular_arrivals_and_poisson_load_does_not(
     rate = 0.6 / TRUE.demands(128, e, 4).c2
     assert m.latency(rate, 4, e, 128, 256, cv=1.0) > 1.05 * m.latency(rate, 4, e, 128, 256)
     assert m.latency(rate, 4, e, 128, 256, cv=1.0) == pytest.approx(TRUE.demands(128, e, 4).latency(rate), rel=0.02)
-    # break-even and the most load under a target are crossings of these curves, not SPEC §2's closed forms
+    # break-even and the most load under a target are crossings of these curves, not the closed forms of
+    # docs/design.md §2.3
     be = break_even_for(m, 4, e, 128, 256)
     assert be.rate is not None and m.latency(be.rate, 4, e, 128, 256) == pytest.approx(
         m.latency(be.rate, 0, 1.0, 128, 256), rel=1e-6)

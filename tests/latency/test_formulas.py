@@ -1,4 +1,4 @@
-"""Every SPEC §2 formula against values worked out by hand."""
+"""Every docs/design.md §2 formula against values worked out by hand."""
 import math
 
 import pytest
@@ -102,7 +102,7 @@ def test_best_k_at_rate_and_under_target():
     ks = range(0, 9)
     k_low, lat_low = best_k_at_rate(COEFS, 0.01, 128, 0.9, ks)
     k_high, _ = best_k_at_rate(COEFS, 3.0, 128, 0.9, ks)
-    assert k_low > k_high  # long drafts at low load, short or none at high load (SPEC §2.3)
+    assert k_low > k_high  # long drafts at low load, short or none at high load (docs/design.md §2.3)
     brute = min(COEFS.demands(128, expected_tokens(0.9, k) if k else 1.0, k).latency(0.01) for k in ks)
     assert lat_low == pytest.approx(brute)
     k, rate = best_k_under_target(COEFS, 5.0, 128, 0.9, ks)
