@@ -3,10 +3,9 @@ import os
 
 # OpenMP threads that spin while they wait collapse as soon as another process wants one of their cores:
 # the spinning thread burns its time slice and every parallel region then waits for a descheduled
-# peer (on 2 cores shared with other work, 64 tokens took 90 s with 2 spinning threads, 8 s with one).
-# Sleeping waiters are
-# woken promptly instead (bench/contention.py). It must be set before torch loads its OpenMP runtime, so
-# here, on the first import of specserve; an explicit OMP_WAIT_POLICY wins.
+# peer. Sleeping waiters are woken promptly instead (bench/contention.py measures both). It must be set
+# before torch loads its OpenMP runtime, so here, on the first import of specserve; an explicit
+# OMP_WAIT_POLICY wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 __version__ = "0.1.0"
 __all__ = ["LLM", "SamplingParams"]

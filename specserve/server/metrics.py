@@ -1,4 +1,4 @@
-"""Prometheus metrics in vLLM's naming (SPEC §5) with the prefix `specserve:`.
+"""Prometheus metrics in vLLM's naming (docs/server.md#metrics) with the prefix `specserve:`.
 
 Counters and histograms are fed by the engine's listeners on the step thread (prometheus_client is
 thread-safe); the running/waiting/KV gauges are read at scrape time, so they are right even while the
