@@ -47,6 +47,7 @@ class RequestView:
     spec: object         # its live SpecStats (drafts, accepted, accepted per position): do not mutate
     draft: str | None    # the draft serving it (a draft's name, "ngram" for prompt lookup only)
     greedy: bool
+    slo_tpot: float | None = None  # seconds per output token the request asks for, if any
 
 
 @dataclass(slots=True, frozen=True)
@@ -57,6 +58,12 @@ class BatchView:
     token_budget: int    # tokens the step may add beyond one per decode (shared with prefill chunks)
     kv_free_slots: int   # free KV cache slots after each decode's own token
     num_waiting: int     # requests not yet admitted
+    pending_prefill: int = 0  # prompt tokens waiting to be prefilled, up to the token budget
+
+    @property
+    def context_tokens(self) -> int:
+        """KV tokens the decodes' attention reads."""
+        return sum(r.context_len for r in self.requests)
 
     def __len__(self) -> int:
         return len(self.requests)
@@ -99,6 +106,8 @@ class StepFeedback:
     times: PhaseTimes
     num_verify_tokens: int        # target tokens of decodes and verifies (sum of l_i + 1)
     num_prefill_tokens: int
+    forward_kv: int = 0           # KV tokens the target forward's attention read (context of every row group)
+    draft_forwards: list[tuple[str, int, int]] = field(default_factory=list)  # (draft, rows, KV tokens) each
 
 
 # ---- what proposers return ----------------------------------------------------------------------------
@@ -113,6 +122,8 @@ class Proposal:
     sampled: list[int] = field(default_factory=list)  # decode indices whose q rows `probs` holds
     confidences: torch.Tensor | None = None  # [N, K] the draft's probability of each drafted token
     sources: list[str | None] = field(default_factory=list)  # per decode: which proposer drafted it
+    draft_forwards: list[tuple[str, int, int]] = field(default_factory=list)  # (draft, rows, KV tokens) of each
+                                                                             # draft-model forward run
 
     @classmethod
     def empty(cls, n: int, device) -> "Proposal":

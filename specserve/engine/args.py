@@ -24,6 +24,12 @@ def add_engine_args(p: argparse.ArgumentParser, max_num_batched_tokens: int) -> 
     g.add_argument("--num-kv-blocks", type=int, default=None, help="exact number of KV blocks (overrides --kv-cache-memory)")
     g.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--slo-tpot-ms", type=float, default=None,
+                   help="time-per-output-token objective of requests that set none (speculation policies and "
+                        "the scheduler keep steps within it)")
+    g.add_argument("--slo-ttft-ms", type=float, default=None,
+                   help="time-to-first-token objective of requests that set none (waiting requests are "
+                        "admitted by deadline)")
 
 
 def engine_config_from_args(args):
@@ -33,4 +39,5 @@ def engine_config_from_args(args):
                         block_size=args.block_size, kv_cache_memory=args.kv_cache_memory,
                         num_kv_blocks=args.num_kv_blocks,
                         num_threads=args.num_threads, seed=args.seed,
-                        speculative_config=args.speculative_config)
+                        speculative_config=args.speculative_config, slo_tpot_ms=args.slo_tpot_ms,
+                        slo_ttft_ms=args.slo_ttft_ms)

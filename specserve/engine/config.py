@@ -44,6 +44,8 @@ class EngineConfig:
     num_threads: int | None = None  # torch intra-op threads; None keeps torch's default
     seed: int = 0
     speculative_config: SpeculativeConfig | dict | str | None = None
+    slo_tpot_ms: float | None = None  # default TPOT / TTFT objectives of requests that set none
+    slo_ttft_ms: float | None = None
 
     def __post_init__(self):
         self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
@@ -55,5 +57,8 @@ class EngineConfig:
             raise SpecServeError(f"kv_cache_memory must be positive, got {self.kv_cache_memory}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise SpecServeError(f"max_model_len must be at least 2, got {self.max_model_len}")
+        for name in ("slo_tpot_ms", "slo_ttft_ms"):
+            if getattr(self, name) is not None and not getattr(self, name) > 0:
+                raise SpecServeError(f"{name} must be positive, got {getattr(self, name)}")
         if self.num_threads is not None and self.num_threads < 1:
             raise SpecServeError(f"num_threads must be positive, got {self.num_threads}")

@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 
@@ -24,7 +25,9 @@ from specserve.engine.sequence import Sequence, Status
 from specserve.errors import InvalidRequestError, SpecServeError
 from specserve.model.loader import load_model
 from specserve.spec.policies import make_policy
-from specserve.spec.setup import build_proposer, load_drafts
+from specserve.spec.cost_model import StepCostModel
+from specserve.spec.models import SpeculationModels
+from specserve.spec.setup import build_proposer, draft_runners, load_drafts
 
 GiB = 1 << 30
 
@@ -60,14 +63,29 @@ class LLMEngine:
         self.runner = ModelRunner(target.model, num_blocks, config.block_size)
         make_runner = lambda model: ModelRunner(model, num_blocks, config.block_size)  # noqa: E731
         self.proposer = build_proposer(spec, drafts, target, make_runner) if spec else None
-        self.policy = make_policy(spec.policy, k, spec.policy_options) if spec else None
+        self.models = SpeculationModels(k, lambda: self._profile(target, drafts))
+        self.policy = make_policy(spec.policy, k, spec.policy_options, self.models) if spec else None
+        if (self.policy is not None and self.policy.uses_cost_model) or config.slo_tpot_ms:
+            self.models.profile()  # now, while the KV cache holds no request: the sweep writes into it
         self.executor = Executor(self.runner, self.proposer, self.policy)
         self.scheduler = Scheduler(BlockManager(num_blocks, config.block_size), config.max_num_seqs,
-                                   config.max_num_batched_tokens, self.max_model_len, k)
+                                   config.max_num_batched_tokens, self.max_model_len, k,
+                                   step_time=self._step_time)
         self.requests: dict[str, Sequence] = {}
         self._aborted: list[Sequence] = []
         self._ids = itertools.count()
         self.last_stats = StepStats()
+
+    def _step_time(self, rows, kv):
+        """The step cost model's target forward time, where it was profiled (None otherwise)."""
+        return self.models.cost.verify_time(rows, kv) if self.models.has_cost else None
+
+    def _profile(self, target, drafts) -> StepCostModel:
+        """The step cost model's startup sweep, cached per model pair, device, dtype, threads and budget."""
+        c = self.config
+        key = "|".join(map(str, [target.path, [d.path for d in drafts], c.device, c.dtype, torch.get_num_threads(),
+                                 c.max_num_batched_tokens, c.block_size, torch.__version__]))
+        return StepCostModel.profile(self.runner, draft_runners(self.proposer), c.max_num_batched_tokens, key)
 
     # ---- requests -------------------------------------------------------------------------------
     def prepare(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
@@ -88,7 +106,7 @@ class LLMEngine:
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str | None = None, arrival_time: float | None = None,
                     prompt_token_ids: list[int] | None = None) -> str:
-        params = params or SamplingParams()
+        params = self._with_default_slos(params or SamplingParams())
         request_id = request_id if request_id is not None else str(next(self._ids))
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
@@ -98,6 +116,14 @@ class LLMEngine:
         self.requests[request_id] = seq
         self.scheduler.add(seq)
         return request_id
+
+    def _with_default_slos(self, params: SamplingParams) -> SamplingParams:
+        c = self.config
+        tpot = params.slo_tpot if params.slo_tpot is not None else (c.slo_tpot_ms and c.slo_tpot_ms / 1000)
+        ttft = params.slo_ttft if params.slo_ttft is not None else (c.slo_ttft_ms and c.slo_ttft_ms / 1000)
+        if (tpot, ttft) == (params.slo_tpot, params.slo_ttft):
+            return params
+        return dataclasses.replace(params, slo_tpot=tpot or None, slo_ttft=ttft or None)
 
     def abort(self, request_id: str) -> None:
         """Stop a request at any point and free its KV blocks; its final output comes with the next step."""
@@ -142,6 +168,7 @@ class LLMEngine:
         for seq, new, logprobs in committed:
             if seq.status == Status.FINISHED:
                 self.requests.pop(seq.request_id, None)
+                self.models.forget(seq.request_id)
             elif self.proposer is not None:
                 self.proposer.on_commit(seq, len(new))
             outputs.append(self._output(seq, new, logprobs))
@@ -165,10 +192,19 @@ class LLMEngine:
                 stats.record(length, accepted)
             outcomes.append(DraftOutcome(s.seq.request_id, proposal.sources[i], length, accepted,
                                          result.confidences[i] if result.confidences else None))
-        self.last_stats = stats
         if self.policy is not None and plan.view is not None:
-            self.policy.observe(StepFeedback(plan.view, outcomes, times, len(plan.decodes) + sum(proposal.lengths),
-                                             stats.num_prefill_tokens))
+            kv = sum(len(s.seq.token_ids) + n for s, n in zip(plan.decodes, proposal.lengths)) + sum(
+                s.seq.num_computed for s in plan.prefills)  # a prefill's num_computed already moved past its chunk
+            feedback = StepFeedback(plan.view, outcomes, times, len(plan.decodes) + sum(proposal.lengths),
+                                    stats.num_prefill_tokens, kv, proposal.draft_forwards)
+            if self.models.has_cost:
+                cost = self.models.cost
+                stats.t_predicted = float(cost.verify_time(feedback.num_verify_tokens + feedback.num_prefill_tokens,
+                                                           kv)[0]) + sum(float(cost.draft_time(d, rows, ctx)[0])
+                                                                         for d, rows, ctx in proposal.draft_forwards)
+            self.models.observe(feedback)
+            self.policy.observe(feedback)
+        self.last_stats = stats
 
     def _output(self, seq: Sequence, new: list[int], logprobs: list[float] | None) -> RequestOutput:
         finished = seq.status == Status.FINISHED
@@ -182,5 +218,6 @@ class LLMEngine:
             if seq.draft_index is not None:  # several drafts: say which one served the request
                 out.spec["draft"] = self.proposer.names[seq.draft_index]
             out.metrics = {"arrival_time": seq.arrival_time, "first_scheduled_time": seq.first_scheduled_time,
-                           "first_token_time": seq.first_token_time, "finished_time": seq.finished_time}
+                           "first_token_time": seq.first_token_time, "finished_time": seq.finished_time,
+                           "slo_ttft": seq.params.slo_ttft, "slo_tpot": seq.params.slo_tpot}
         return out

@@ -42,6 +42,7 @@ class StepStats(SpecStats):
     t_forward: float = 0.0         # target forward (the verify pass when drafts are present)
     t_sample: float = 0.0          # sampling and rejection sampling, with the step's device->host transfer
     t_other: float = 0.0           # commit, detokenize, outputs, policy feedback
+    t_predicted: float | None = None  # the step cost model's prediction of t_draft + t_forward, if it runs
     num_running: int = 0
     num_waiting: int = 0
     kv_usage: float = 0.0

@@ -19,6 +19,11 @@ class SamplingParams:
     min_tokens: int = 0
     logprobs: bool = False  # return the log-probability of each chosen token
     skip_special_tokens: bool = True
+    # Service-level objectives of this request, in seconds (None: the server's default, if any): the
+    # speculation policy keeps the predicted time per output token under slo_tpot, the scheduler admits
+    # waiting requests by their slo_ttft deadline (docs/design.md §3.5).
+    slo_tpot: float | None = None
+    slo_ttft: float | None = None
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -34,6 +39,8 @@ class SamplingParams:
             (self.top_k == -1 or self.top_k >= 1, f"top_k must be -1 (disabled) or >= 1, got {self.top_k}"),
             (0 <= self.min_tokens <= self.max_tokens,
              f"min_tokens must be in [0, max_tokens], got {self.min_tokens}"),
+            (self.slo_tpot is None or self.slo_tpot > 0, f"the TPOT SLO must be positive, got {self.slo_tpot}"),
+            (self.slo_ttft is None or self.slo_ttft > 0, f"the TTFT SLO must be positive, got {self.slo_ttft}"),
         ]
         for ok, message in checks:
             if not ok:

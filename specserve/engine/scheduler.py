@@ -3,7 +3,8 @@
 `schedule(policy)` (1) gives each running decode its one token, preempting the most recently admitted
 request when the KV cache is full (it is recomputed later, so nothing is lost); (2) asks the speculation
 policy for draft lengths and clamps them (below); (3) spends the remaining token budget on prefill chunks,
-first for requests already running, then for waiting ones in the order the admission policy gives.
+first for requests already running, then for waiting ones by TTFT deadline, within the running requests'
+tightest TPOT SLO when the step cost model is known.
 `update(plan, result)` commits what the step produced and releases what it no longer needs.
 
 The clamps, applied to whatever the policy asks, in order: at most the configured ceiling; no more than
@@ -13,31 +14,43 @@ optional, a running request's next token is not.
 """
 from __future__ import annotations
 
+import itertools
 import time
 from collections import deque
 from typing import Iterable
+
+import numpy as np
 
 from specserve.batch import BatchView, RequestView, ScheduledSeq, StepPlan, StepResult
 from specserve.engine.block_manager import BlockManager
 from specserve.engine.sequence import Sequence, Status
 
 
-class FCFSPolicy:
-    """Waiting requests in arrival order. An SLO-aware policy orders by deadline instead."""
+# A request without a TTFT SLO is admitted as if its deadline were this long after its arrival: among
+# themselves such requests go first come, first served; a request with a tighter objective overtakes them.
+NO_SLO_TTFT = 60.0
+
+
+class DeadlineAdmission:
+    """Waiting requests by TTFT deadline (arrival + slo_ttft), earliest first (docs/design.md §3.5)."""
 
     def order(self, waiting: Iterable[Sequence]) -> list[Sequence]:
-        return list(waiting)
+        return sorted(waiting, key=lambda s: s.arrival_time + (s.params.slo_ttft or NO_SLO_TTFT))
 
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_model_len: int, max_drafts: int = 0, admission=None):
+                 max_model_len: int, max_drafts: int = 0, admission=None, step_time=None):
+        """step_time(rows, kv tokens) -> seconds of a target forward (the step cost model), or None where it
+        was not profiled: with it, prefill chunks are cut so that a step stays within the running requests'
+        tightest TPOT SLO."""
         self.blocks = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.max_drafts = max_drafts  # the ceiling on any draft length (num_speculative_tokens)
-        self.admission = admission or FCFSPolicy()
+        self.admission = admission or DeadlineAdmission()
+        self.step_time = step_time
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: preemption takes from the end
         self.num_preemptions = 0
@@ -99,16 +112,37 @@ class Scheduler:
 
     def batch_view(self, decodes: list[ScheduledSeq], budget: int) -> BatchView:
         requests = [RequestView(s.seq.request_id, len(s.seq.token_ids), self.tokens_left(s.seq), s.seq.spec,
-                                s.seq.draft_name, s.seq.params.greedy)
+                                s.seq.draft_name, s.seq.params.greedy, s.seq.params.slo_tpot)
                     for s in decodes]
         free = self.blocks.num_free * self.blocks.block_size + sum(
             len(s.seq.block_table) * self.blocks.block_size - s.seq.num_computed - 1 for s in decodes)
-        return BatchView(requests, self.max_drafts, budget, free, len(self.waiting))
+        pending = 0
+        for seq in itertools.chain((s for s in self.running if s.in_prefill), self.waiting):
+            if pending >= budget:
+                break
+            pending += len(seq.token_ids) - seq.num_computed
+        return BatchView(requests, self.max_drafts, budget, free, len(self.waiting), min(pending, budget))
 
     def tokens_left(self, seq: Sequence) -> int:
         return min(seq.params.max_tokens - seq.num_output_tokens, self.max_model_len - len(seq.token_ids))
 
+    def _tpot_budget(self, plan: StepPlan, budget: int) -> int:
+        """Prefill tokens that keep the step within the tightest TPOT SLO of the decodes (all of the budget
+        without SLOs or a cost model). Under overload this protects admitted requests: new ones wait."""
+        slos = [s.seq.params.slo_tpot for s in plan.decodes if s.seq.params.slo_tpot]
+        if not slos or self.step_time is None:
+            return budget
+        rows = sum(1 + s.max_drafts for s in plan.decodes)
+        kv = sum(len(s.seq.token_ids) + s.max_drafts for s in plan.decodes)
+        extra = np.arange(budget + 1)
+        seconds = self.step_time(rows + extra, kv + extra)
+        if seconds is None:
+            return budget
+        fits = np.flatnonzero(seconds <= min(slos))
+        return int(fits[-1]) if len(fits) else 0
+
     def _schedule_prefills(self, plan: StepPlan, budget: int) -> None:
+        budget = self._tpot_budget(plan, budget)
         candidates = [s for s in self.running if s.in_prefill] + self.admission.order(self.waiting)
         for seq in candidates:
             if budget < 1:

@@ -103,6 +103,8 @@ class Drafter:
         step, device_ids = 0, None
         while items:
             logits, predicted = self.runner.forward(items, torch.cat(feats) if feats else None, device_ids=device_ids)
+            proposal.draft_forwards.append((self.name, sum(it.num_tokens for it in items),
+                                            sum(it.ctx_len for it in items)))
             if not drafting:  # only prefill catch-up rows
                 break
             tokens = self._draft_one(logits, drafting, decodes, proposal, step)

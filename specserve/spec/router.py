@@ -77,6 +77,7 @@ class RoutedProposer:
                     merged.confidences = torch.ones(n, k, device=device)
                 merged.confidences[rows, :part.confidences.shape[1]] = part.confidences
             merged.sampled += [mine[r] for r in part.sampled]
+            merged.draft_forwards += part.draft_forwards
         if any(part.probs is not None for _, part in parts):  # q rows of the sampled requests, in merged order
             vocab = next(part.probs.shape[-1] for _, part in parts if part.probs is not None)
             merged.probs = torch.zeros(len(merged.sampled), k, vocab, device=device)

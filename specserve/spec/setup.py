@@ -79,3 +79,12 @@ def build_proposer(spec: SpeculativeConfig, drafts: list[LoadedModel], target: L
     drafter = Drafter(make_runner(draft.model), target.config.vocab_size,
                       load_vocab_map(draft, target.config.vocab_size), names[0], lookup)
     return EagleProposer(drafter) if draft.config.eagle else DraftModelProposer(drafter)
+
+
+def draft_runners(proposer) -> dict:
+    """{draft name: the runner it drafts with} of a built proposer (empty for prompt lookup alone)."""
+    if proposer is None or isinstance(proposer, NgramProposer):
+        return {}
+    if isinstance(proposer, RoutedProposer):
+        return {name: p.runner for name, p in zip(proposer.names, proposer.proposers)}
+    return {proposer.drafter.name: proposer.runner}

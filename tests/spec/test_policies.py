@@ -1,5 +1,7 @@
 """The speculation policy protocol: a new policy is one class registered by name, it sees request ids and
 draft confidences, the scheduler clamps what it asks, and greedy output stays identical whatever it does."""
+from pathlib import Path
+
 import pytest
 
 from specserve import LLM, SamplingParams
@@ -104,3 +106,34 @@ def test_unknown_policies_and_bad_options_are_clear_errors(tiny_target, tiny_dra
         LLM(model=str(tiny_target), speculative_config=dict(base, policy="static", policy_options={"k": 1}))
     with pytest.raises(SpecServeError, match="policy_options"):
         LLM(model=str(tiny_target), speculative_config=dict(base, policy_options=[1]))
+
+
+LATENCY20 = Path(__file__).parents[2] / "bench" / "results" / "latency20" / "model.json"
+BUILT_IN = [("off", None), ("static", None), ("batch_table", {"table": [[1, 4], [4, 2], [8, 0]]}),
+            ("threshold", None), ("goodput", None), ("adaptive", None),
+            ("planned", {"model": str(LATENCY20), "window": 1000.0})]  # a light load
+
+
+@pytest.mark.parametrize("name,options", BUILT_IN, ids=[b[0] for b in BUILT_IN])
+def test_greedy_output_is_identical_under_every_built_in_policy(tiny_target, tiny_draft, greedy_baseline, name,
+                                                                options):
+    ps, want = greedy_baseline
+    llm = LLM(model=str(tiny_target), dtype="float32", max_num_seqs=5, speculative_config={
+        "model": str(tiny_draft), "num_speculative_tokens": 4, "ngram_first": True, "policy": name,
+        "policy_options": options})
+    outs = llm.generate(ps, GREEDY)
+    assert [o.token_ids for o in outs] == want
+    drafted = sum(o.spec["num_draft_tokens"] for o in outs)
+    assert (drafted == 0) == (name == "off"), drafted
+
+
+def test_sampled_output_follows_the_target_under_the_adaptive_policy(tiny_target, tiny_far_draft):
+    from tests.spec.test_speculative_engine import assert_follows, exact_marginals
+    spec = {"model": str(tiny_far_draft), "num_speculative_tokens": 3, "policy": "adaptive"}
+    llm = LLM(model=str(tiny_target), dtype="float32", speculative_config=spec, max_num_seqs=64)
+    prompt = [7, 8, 9, 7, 8]
+    base = dict(max_tokens=4, temperature=0.8, top_p=0.9, ignore_eos=True)
+    p1, p2 = exact_marginals(llm, prompt, SamplingParams(**base))
+    outs = llm.generate([prompt] * 3000, [SamplingParams(**base, seed=s) for s in range(3000)])
+    assert sum(o.spec["num_draft_tokens"] for o in outs) > 1000  # it did speculate (and mostly got rejected)
+    assert_follows(outs, p1, p2)

@@ -16,15 +16,20 @@ def register(name: str):
     return add
 
 
-def make_policy(name: str, max_drafts: int, options: dict | None = None) -> Policy:
+def make_policy(name: str, max_drafts: int, options: dict | None = None, models=None) -> Policy:
+    """models: the engine's SpeculationModels (cost and acceptance), which model-based policies read."""
     if name not in POLICIES:
         raise SpecServeError(f"unknown speculation policy {name!r} (choose from {', '.join(sorted(POLICIES))})")
     try:
-        return POLICIES[name](max_drafts, **(options or {}))
+        policy = POLICIES[name](max_drafts, **(options or {}))
     except TypeError as e:  # an option the policy does not take, or a missing one
         raise SpecServeError(f"policy {name!r}: bad policy_options: {e}") from None
+    policy.models = models
+    return policy
 
 
-from specserve.spec.policies import static  # noqa: E402,F401  (registers the built-in policies)
+# The built-in policies register themselves on import.
+from specserve.spec.policies import (adaptive, batch_table, goodput, off, planned, static,  # noqa: E402,F401
+                                     threshold)
 
 __all__ = ["POLICIES", "Policy", "make_policy", "register"]

@@ -46,6 +46,8 @@ class Policy:
     name = "policy"
     wants_confidences = False  # compute draft confidences and hand them to observe()
     stepwise = False           # call keep_drafting() after each draft step and trim() after drafting
+    uses_cost_model = False    # the engine profiles the step cost model at startup for it
+    models = None              # the engine's SpeculationModels (spec/models.py): step cost, acceptance
 
     def __init__(self, max_drafts: int):
         self.max_drafts = max_drafts

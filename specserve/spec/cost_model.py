@@ -1,0 +1,179 @@
+"""The step cost model: how long a target forward over N token rows and a draft step over r rows take on
+this machine (docs/design.md §3.2).
+
+Both are linear in their parameters: a piecewise-linear curve in the row count (hat functions on
+log-spaced knots, so the weight of a knot is the time at that many rows: flat while weights are read once
+for all rows, rising once arithmetic dominates) plus a term in the KV tokens the step's attention reads.
+A short profile at startup fixes the curve (least squares; cached per model pair, device, dtype and
+threads), then recursive least squares with forgetting follows the machine from every step's measured
+phase times. Its running error is exported (`relative_error`).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from specserve.batch import ForwardItem
+from specserve.cache import cache_dir
+
+log = logging.getLogger("specserve.cost")
+
+KNOTS = np.array([1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096], dtype=float)
+KV_SCALE = 1e-3  # the KV feature in thousands of tokens, so weights are of similar size
+
+
+def row_basis(rows) -> np.ndarray:
+    """[n, len(KNOTS) + 1]: hat functions of the row count on KNOTS, plus a ramp past the last knot."""
+    r = np.clip(np.atleast_1d(np.asarray(rows, dtype=float)), KNOTS[0], None)
+    out = np.zeros((len(r), len(KNOTS) + 1))
+    idx = np.clip(np.searchsorted(KNOTS, r, side="right") - 1, 0, len(KNOTS) - 2)
+    frac = np.clip((r - KNOTS[idx]) / (KNOTS[idx + 1] - KNOTS[idx]), 0.0, 1.0)
+    out[np.arange(len(r)), idx] = 1 - frac
+    out[np.arange(len(r)), idx + 1] = frac
+    out[:, -1] = np.maximum(r - KNOTS[-1], 0.0) / KNOTS[-1]
+    return out
+
+
+def features(rows, kv_tokens) -> np.ndarray:
+    """[n, d] features of n forwards: the row basis and the KV tokens attention reads."""
+    basis = row_basis(rows)
+    kv = np.broadcast_to(np.asarray(kv_tokens, dtype=float), (len(basis),))[:, None] * KV_SCALE
+    return np.hstack([basis, kv])
+
+
+class LinearCost:
+    """y = f · w, fitted by least squares on a profile, then by recursive least squares with forgetting."""
+
+    def __init__(self, weights: np.ndarray, forgetting: float = 0.995, prior: float = 1.0):
+        self.w = np.asarray(weights, dtype=float)
+        self.P = np.eye(len(self.w)) * prior  # how far the weights may move per unit of error (s^-2 scale)
+        self.forgetting = forgetting
+
+    @classmethod
+    def fit(cls, f: np.ndarray, y: np.ndarray, ridge: float = 1e-6) -> "LinearCost":
+        a = f.T @ f + ridge * np.eye(f.shape[1])
+        w = np.linalg.solve(a, f.T @ y)
+        model = cls(w)
+        model.P = np.linalg.inv(a)  # the profile's information: weights it pinned down move little
+        return model
+
+    def predict(self, f: np.ndarray) -> np.ndarray:
+        return f @ self.w
+
+    def update(self, f: np.ndarray, y: float) -> None:
+        """One RLS step on one observation (f [d], y)."""
+        pf = self.P @ f
+        gain = pf / (self.forgetting + f @ pf)
+        self.w = self.w + gain * (y - f @ self.w)
+        self.P = (self.P - np.outer(gain, pf)) / self.forgetting
+
+
+@dataclass
+class StepCostModel:
+    verify: LinearCost                  # one target forward: rows (all tokens of the step), KV tokens read
+    drafts: dict[str, LinearCost]       # one draft forward of each draft model, by draft name
+    relative_error: float = 0.0         # running mean |predicted - measured| / measured of step time
+    observed: int = 0
+    _ewma: float = field(default=0.05, repr=False)
+
+    def verify_time(self, rows, kv_tokens) -> np.ndarray:
+        return self.verify.predict(features(rows, kv_tokens))
+
+    def draft_time(self, draft: str | None, rows, kv_tokens) -> np.ndarray:
+        """Seconds of one draft forward over `rows` rows (0 for prompt lookup, which runs no model)."""
+        cost = self.drafts.get(draft) if draft is not None else None
+        if cost is None:
+            cost = next(iter(self.drafts.values()), None) if draft != "ngram" else None
+        rows = np.atleast_1d(np.asarray(rows, dtype=float))
+        if cost is None:
+            return np.zeros(len(rows))
+        return np.where(rows > 0, cost.predict(features(rows, kv_tokens)), 0.0)
+
+    def observe(self, verify_rows: int, verify_kv: int, forward_s: float,
+                draft_forwards: list[tuple[str, int, int]], draft_s: float) -> None:
+        """One step's measured phases: the target forward, and the draft forwards [(draft, rows, kv)]."""
+        f = features(verify_rows, verify_kv)[0]
+        predicted = float(f @ self.verify.w)
+        self.verify.update(f, forward_s)
+        by_draft: dict[str, np.ndarray] = {}
+        for draft, rows, kv in draft_forwards:
+            if draft in self.drafts:
+                by_draft[draft] = by_draft.get(draft, 0) + features(rows, kv)[0]
+        if len(by_draft) == 1:  # the draft phase is timed as a whole: attributable to one draft only
+            (draft, fd), = by_draft.items()
+            predicted += float(fd @ self.drafts[draft].w)
+            self.drafts[draft].update(fd, draft_s)
+        measured = forward_s + (draft_s if len(by_draft) == 1 else 0.0)
+        if measured > 0:
+            error = abs(predicted - measured) / measured
+            self.relative_error = error if not self.observed else (
+                (1 - self._ewma) * self.relative_error + self._ewma * error)
+            self.observed += 1
+
+    # ---- startup profile -------------------------------------------------------------------------
+    @classmethod
+    def profile(cls, target_runner, draft_runners: dict, max_rows: int, key: str) -> "StepCostModel":
+        """Time a grid of forwards (cached on disk under `key`) and fit both curves."""
+        path = cache_dir() / "cost_profiles" / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
+        if path.exists():
+            data = json.loads(path.read_text())
+        else:
+            t0 = time.perf_counter()
+            data = {"verify": _time_grid(target_runner, max_rows),
+                    "drafts": {name: _time_grid(runner, 64) for name, runner in draft_runners.items()}}
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(data))
+            log.info("step cost profile: %.1f s (cached in %s)", time.perf_counter() - t0, path)
+        return cls(_fit(data["verify"]), {name: _fit(rows) for name, rows in data["drafts"].items()})
+
+
+def _fit(samples: list[list[float]]) -> LinearCost:
+    """Least squares on (rows, kv, seconds) samples; knots past the largest profiled row count continue the
+    last profiled slope (a step never carries more rows than profiled, but interpolation may touch them)."""
+    data = np.array(samples)
+    cost = LinearCost.fit(features(data[:, 0], data[:, 1]), data[:, 2])
+    last = int(np.searchsorted(KNOTS, data[:, 0].max(), side="right")) - 1
+    if last >= 1:
+        slope = (cost.w[last] - cost.w[last - 1]) / (KNOTS[last] - KNOTS[last - 1])
+        for k in range(last + 1, len(KNOTS)):
+            cost.w[k] = cost.w[last] + slope * (KNOTS[k] - KNOTS[last])
+        cost.w[len(KNOTS)] = slope * KNOTS[-1]
+    return cost
+
+
+def _time_grid(runner, max_rows: int, context: int = 128, long_context: int = 1024) -> list[list[float]]:
+    """[(rows, kv tokens, seconds)] for decode/verify-shaped forwards at every knot up to max_rows, and a few
+    at a long context for the KV term. Uses cache blocks from 0 up: run before any request exists."""
+    block = runner.block_size
+    num_blocks = runner.kv_cache.shape[2]
+    shapes = [(n, context) for n in KNOTS if n <= max_rows] + [(max_rows, context)]
+    shapes += [(n, long_context) for n in (1, 8, 32) if n <= max_rows]
+    rows = []
+    for n, ctx in shapes:
+        n = int(n)
+        seqs = min(n, 32)
+        q = -(-n // seqs)
+        ctx = min(ctx, runner.config.max_position_embeddings - q)
+        per = -(-(ctx + q) // block)
+        seqs = min(seqs, num_blocks // per)
+        if seqs < 1:
+            continue
+        items = [ForwardItem([1] * q, ctx + q, list(range(i * per, (i + 1) * per)), 1) for i in range(seqs)]
+        features_in = None
+        if runner.model.fc is not None:  # an EAGLE draft reads a target feature per token
+            features_in = torch.zeros(seqs * q, runner.config.hidden_size, dtype=runner.dtype, device=runner.device)
+        times = []
+        for _ in range(4):
+            t0 = time.perf_counter()
+            runner.forward(items, features_in)
+            if runner.device.type == "cuda":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+        rows.append([seqs * q, seqs * (ctx + q), float(np.median(times[1:]))])
+    return rows

@@ -1,0 +1,57 @@
+"""What a model-based policy predicts with: the step cost model and the acceptance model, both fed by the
+engine after every step, whichever policy runs. The cost model's profile writes into the KV cache: the
+engine builds it at startup (for a policy with `uses_cost_model`, or a default TPOT SLO), never later."""
+from __future__ import annotations
+
+import numpy as np
+
+from specserve.batch import BatchView, StepFeedback
+from specserve.spec.acceptance import AcceptanceModel
+from specserve.spec.cost_model import StepCostModel
+from specserve.spec.goodput import StepCosts
+
+
+class SpeculationModels:
+    def __init__(self, max_drafts: int, profile):
+        """profile() -> StepCostModel: the startup sweep (or its cached result)."""
+        self.acceptance = AcceptanceModel(max_drafts)
+        self._profile = profile
+        self._cost: StepCostModel | None = None
+
+    def profile(self) -> None:
+        """Build the cost model (the engine calls this before any request runs)."""
+        if self._cost is None:
+            self._cost = self._profile()
+
+    @property
+    def cost(self) -> StepCostModel:
+        if self._cost is None:
+            raise RuntimeError("the step cost model was not profiled at startup: a policy that reads it must "
+                               "set uses_cost_model")
+        return self._cost
+
+    @property
+    def has_cost(self) -> bool:
+        return self._cost is not None
+
+    def step_costs(self, batch: BatchView) -> StepCosts:
+        """The cost curves of this step: target forward by rows, each draft's forward by rows."""
+        cost = self.cost
+        n = len(batch)
+        base = n + batch.pending_prefill
+        rows = np.arange(base + n * batch.max_drafts + 1)
+        verify = cost.verify_time(rows, batch.context_tokens + rows - base)
+        mean_context = batch.context_tokens / max(n, 1)
+        draft_rows = np.arange(n + 1)
+        drafts = {name: cost.draft_time(name, draft_rows, draft_rows * mean_context) for name in cost.drafts}
+        return StepCosts(verify, drafts, base)
+
+    def observe(self, feedback: StepFeedback) -> None:
+        for outcome in feedback.outcomes:
+            self.acceptance.observe(outcome)
+        if self._cost is not None:
+            self._cost.observe(feedback.num_verify_tokens + feedback.num_prefill_tokens, feedback.forward_kv,
+                               feedback.times.forward, feedback.draft_forwards, feedback.times.draft)
+
+    def forget(self, request_id: str) -> None:
+        self.acceptance.forget(request_id)

@@ -1,0 +1,50 @@
+"""`planned`: the draft length a fitted latency model recommends for the measured arrival rate — the
+request-level model of docs/design.md §2 driving the engine.
+
+`"policy_options": {"model": "model.json"}` (from `specserve latency fit`): the rate is the number of new
+requests seen over the last `window` seconds, and k = argmin_k L(rate; k) among 0..num_speculative_tokens
+(`specserve latency plan`'s choice), recomputed at most every `every` seconds."""
+from __future__ import annotations
+
+import time
+from collections import deque
+
+from specserve.errors import SpecServeError
+from specserve.spec.policies import Policy, register
+
+
+@register("planned")
+class Planned(Policy):
+    def __init__(self, max_drafts: int, model: str | None = None, window: float = 30.0, every: float = 1.0):
+        super().__init__(max_drafts)
+        if not model:
+            raise SpecServeError('policy "planned" needs "policy_options": {"model": "<latency model JSON>"}')
+        from specserve.latency.model_file import load
+        from specserve.latency.planning import candidate_ks
+        self.latency = load(model).model
+        self.candidates = candidate_ks(self.latency, range(max_drafts + 1))[0]  # k -> E the fit can speak for
+        self.window, self.every = float(window), float(every)
+        self.arrivals: deque[float] = deque()
+        self.seen: set[str] = set()
+        self.k, self.decided = 0, -float("inf")
+
+    def rate(self, now: float) -> float:
+        while self.arrivals and self.arrivals[0] < now - self.window:
+            self.arrivals.popleft()
+        return len(self.arrivals) / self.window
+
+    def plan(self, batch) -> list[int]:
+        now = time.monotonic()
+        for r in batch.requests:
+            if r.request_id not in self.seen:
+                self.seen.add(r.request_id)
+                self.arrivals.append(now)
+        if now - self.decided >= self.every:
+            rate = self.rate(now)
+            latencies = {k: self.latency.latency(rate, k, e) for k, e in self.candidates.items()}
+            self.k = min(latencies, key=lambda k: (latencies[k], k))
+            self.decided = now
+        return [self.k] * len(batch)
+
+    def observe(self, feedback) -> None:
+        self.seen = {r.request_id for r in feedback.batch.requests}  # only the running can come back

@@ -1,0 +1,154 @@
+"""Each policy's decisions on constructed batches, with cost curves and acceptance chosen by hand."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from specserve.batch import BatchView, DraftOutcome, RequestView
+from specserve.engine.sequence import SpecStats
+from specserve.spec.cost_model import KNOTS, StepCostModel, _fit
+from specserve.spec.goodput import evaluate, survival
+from specserve.spec.models import SpeculationModels
+from specserve.spec.policies import make_policy
+
+K = 4
+LATENCY_MODEL = Path(__file__).parents[2] / "bench" / "results" / "latency20" / "model.json"
+
+
+def cost_model(verify, draft) -> StepCostModel:
+    """verify(rows), draft(rows): seconds; no KV term."""
+    samples = lambda f: [[r, 0, f(r)] for r in KNOTS] + [[r, 1000, f(r)] for r in KNOTS]  # noqa: E731
+    return StepCostModel(_fit(samples(verify)), {"d": _fit(samples(draft))})
+
+
+MEMORY_BOUND = cost_model(lambda n: 0.020 + 0.0001 * max(n - 16, 0), lambda r: 0.001)  # flat to 16 rows
+COMPUTE_BOUND = cost_model(lambda n: 0.002 + 0.001 * n, lambda r: 0.0005 + 0.0001 * r)  # every row costs
+
+
+def batch(n, tokens_left=100, slo=None, ids=None) -> BatchView:
+    ids = ids or [f"r{i}" for i in range(n)]
+    return BatchView([RequestView(i, 200, tokens_left, SpecStats(), "d", True, slo) for i in ids], K, 512,
+                     10_000, 0)
+
+
+def policy(name, cost, accepted=None, **options):
+    models = SpeculationModels(K, lambda: cost)
+    models.profile()
+    for _ in range(accepted[1] if accepted else 0):  # history of the draft: `accepted[0]` of 4 accepted each time
+        models.acceptance.observe(DraftOutcome("old", "d", K, accepted[0], None))
+    models.acceptance.forget("old")
+    return make_policy(name, K, options, models)
+
+
+def test_high_load_adaptive_drafts_nothing():
+    p = policy("adaptive", COMPUTE_BOUND)
+    assert p.plan(batch(64)) == [0] * 64
+
+
+def test_light_load_and_high_acceptance_adaptive_drafts_long():
+    p = policy("adaptive", MEMORY_BOUND, accepted=(4, 200))
+    assert p.plan(batch(1)) == [K]
+
+
+def test_adaptive_stops_a_request_whose_draft_turns_unsure():
+    p = policy("adaptive", cost_model(lambda n: 0.010 + 0.002 * n, lambda r: 0.0005), accepted=(4, 200))
+    view = batch(2)
+    assert p.plan(view) == [K, K]
+    keep = p.keep_drafting(1, view.requests, [[0.99], [0.02]])
+    assert keep == [True, False]
+
+
+def test_trimming_drops_the_lowest_survival_slots_first():
+    p = policy("adaptive", cost_model(lambda n: 0.010 + 0.003 * n, lambda r: 0.0005), accepted=(2, 50))
+    view = batch(2)
+    p.plan(view)
+    sure, unsure = [0.95, 0.9, 0.9, 0.85], [0.9, 0.35, 0.3, 0.3]
+    lengths = p.trim(view, [K, K], [sure, unsure])
+    assert lengths[0] > lengths[1] and lengths[1] <= 2
+    # what was cut was worth less than it cost: keeping it all is predicted worse
+    a = np.array([p.models.acceptance.predict(r.request_id, "d", c) for r, c in zip(view.requests, [sure, unsure])])
+    costs = p.models.step_costs(view)
+    kept = evaluate(survival(a), lengths, ["d", "d"], costs, spent_draft=True)
+    assert kept.goodput > evaluate(survival(a), [K, K], ["d", "d"], costs, spent_draft=True).goodput
+
+
+def test_hysteresis_holds_lengths_steady_on_a_noisy_stationary_stream():
+    # Acceptance hovers where two lengths are nearly as good: without hysteresis the choice flips.
+    cost = cost_model(lambda n: 0.010 + 0.0035 * n, lambda r: 0.0003)
+    rng = np.random.default_rng(0)
+
+    def changes(margin):
+        p = policy("adaptive", cost, margin=margin)
+        base = p.models.acceptance.predict
+        p.models.acceptance.predict = lambda rid, d, c=None: np.clip(
+            base(rid, d, c) * 0 + 0.55 + 0.06 * rng.standard_normal(K), 0, 0.99)
+        view, lengths = batch(4), []
+        for _ in range(200):
+            lengths.append(p.plan(view))
+            p.observe(type("F", (), {"outcomes": [DraftOutcome(r.request_id, "d", n, 0, None)
+                                                  for r, n in zip(view.requests, lengths[-1])]})())
+        return sum(a != b for a, b in zip(lengths, lengths[1:]))
+
+    free, held = changes(0.0), changes(0.05)
+    assert free > 20 and held < free / 3
+
+
+def test_tpot_slo_shortens_drafts_to_meet_it():
+    """Half the batch drafts well, half is rejected every time: long drafts for the first half lengthen the
+    step that the second half waits for while committing one token per step."""
+    cost = cost_model(lambda n: 0.010 + 0.0008 * n, lambda r: 0.001)
+
+    def planned(slo):
+        p = policy("adaptive", cost, accepted=(3, 100))
+        for i in range(4, 8):
+            for _ in range(10):
+                p.models.acceptance.observe(DraftOutcome(f"r{i}", "d", K, 0, None))
+        return p, p.plan(batch(8, slo=slo))
+
+    p, free = planned(None)
+    slo = 0.02  # plain decoding's step (16.4 ms) meets it, the goodput optimum's (29 ms) does not
+    _, bound = planned(slo)
+    assert sum(bound) < sum(free)
+    a = np.array([p.models.acceptance.predict(f"r{i}", "d") for i in range(8)])
+    c, costs = survival(a), p.models.step_costs(batch(8))
+    for lengths, meets in ((bound, True), (free, False)):
+        step = evaluate(c, lengths, ["d"] * 8, costs)
+        own = 1 + np.array([c[i, :n].sum() for i, n in enumerate(lengths)])
+        assert bool(np.max(step.seconds / own) <= slo) == meets
+
+
+def test_off_static_and_batch_table():
+    assert policy("off", MEMORY_BOUND).plan(batch(3)) == [0, 0, 0]
+    assert policy("static", MEMORY_BOUND).plan(batch(3)) == [K] * 3
+    table = policy("batch_table", MEMORY_BOUND, table=[[1, 4], [4, 2], [16, 0]])
+    assert [table.plan(batch(n))[0] for n in (1, 3, 4, 15, 16, 40)] == [4, 4, 2, 2, 0, 0]
+
+
+def test_threshold_stops_and_trims_at_the_first_unsure_token():
+    p = policy("threshold", MEMORY_BOUND, threshold=0.6)
+    view = batch(2)
+    assert p.keep_drafting(2, view.requests, [[0.9, 0.7], [0.9, 0.5]]) == [True, False]
+    assert p.trim(view, [3, 2], [[0.9, 0.7, 0.65], [0.9, 0.5]]) == [3, 1]
+
+
+def test_goodput_picks_one_batch_wide_k_from_load():
+    assert policy("goodput", COMPUTE_BOUND).plan(batch(64)) == [0] * 64
+    light = policy("goodput", MEMORY_BOUND, accepted=(4, 200)).plan(batch(2))
+    assert light == [K, K]
+
+
+def test_planned_takes_the_latency_models_best_k_for_the_measured_rate(monkeypatch):
+    import specserve.spec.policies.planned as planned
+    p = policy("planned", MEMORY_BOUND, model=str(LATENCY_MODEL), window=10.0)
+    now = [1000.0]
+    monkeypatch.setattr(planned.time, "monotonic", lambda: now[0])
+    ks = {}
+    for rate in (0.1, 1.0):  # requests arriving at this rate, one new one per plan
+        p.arrivals.clear()
+        for i in range(int(rate * 10)):
+            now[0] += 1 / rate
+            ks[rate] = p.plan(batch(1, ids=[f"{rate}-{i}"]))[0]
+    # latency20's fit: speculation pays at light load (a long draft), less and less as the rate rises
+    assert ks[0.1] >= 2 and ks[1.0] < ks[0.1]
+    with pytest.raises(Exception, match="needs"):
+        policy("planned", MEMORY_BOUND)
