@@ -102,6 +102,12 @@ def plot_slo(groups, path):
                       ylim=(-3, 103))
 
 
+def plot_draft_length(groups, path):
+    _per_label_points(groups, path, lambda r: (r["achieved_rate"], (r.get("policy") or {}).get("mean_draft_length")),
+                      "achieved rate (req/s)", "mean draft length per request and step",
+                      "Draft length the speculation policy chose vs load")
+
+
 def plot_littles_law(groups, path):
     _per_label_points(groups, path, lambda r: (r.get("littles_law_in_flight"), r.get("mean_in_flight")),
                       "λ·L (achieved rate × mean E2E)", "measured mean requests in flight",
@@ -187,6 +193,9 @@ def write_report(results_path: str, out_dir: str | None = None) -> Path:
     if any(r.get("slo_attainment") is not None for r in runs):
         figures.append(("slo_attainment_vs_rate.png", "SLO attainment vs request rate",
                         lambda p: plot_slo(groups, p)))
+    if any((r.get("policy") or {}).get("mean_draft_length") is not None for r in runs):
+        figures.append(("draft_length_vs_rate.png", "Chosen draft length vs load (specserve's policy)",
+                        lambda p: plot_draft_length(groups, p)))
     figures += [("ttft_cdf.png", "TTFT distribution", lambda p: plot_cdfs(groups, rows, "ttft_s", "TTFT", p)),
                 ("tpot_cdf.png", "TPOT distribution", lambda p: plot_cdfs(groups, rows, "tpot_s", "TPOT", p)),
                 ("in_flight_over_time.png", "Requests in flight over time",

@@ -1,7 +1,8 @@
 """Counters scraped from the server's Prometheus `/metrics` before and after a run (when it has one).
 
 Preemptions and speculative-decoding totals are server-side facts the client cannot see; vLLM and
-specserve name them alike (§5), with a `vllm:` or `specserve:` prefix.
+specserve name them alike (docs/server.md#metrics), with a `vllm:` or `specserve:` prefix. specserve also
+reports its speculation policy: chosen draft lengths, predicted and measured step times, SLO attainment.
 """
 from __future__ import annotations
 
@@ -12,34 +13,63 @@ import httpx
 from specserve.benchmark.client import server_root
 
 PREFIXES = ("specserve:", "vllm:")
+# key -> (metric name after the prefix, labels the series must carry): summed over matching series
 COUNTERS = {
-    "preemptions": "num_preemptions_total",
-    "spec_drafts": "spec_decode_num_drafts_total",
-    "spec_draft_tokens": "spec_decode_num_draft_tokens_total",
-    "spec_accepted_tokens": "spec_decode_num_accepted_tokens_total",
+    "preemptions": ("num_preemptions_total", {}),
+    "spec_drafts": ("spec_decode_num_drafts_total", {}),
+    "spec_draft_tokens": ("spec_decode_num_draft_tokens_total", {}),
+    "spec_accepted_tokens": ("spec_decode_num_accepted_tokens_total", {}),
+    # specserve's speculation policy at work (docs/server.md#metrics)
+    "draft_length_sum": ("spec_decode_draft_length_sum", {}),
+    "draft_length_count": ("spec_decode_draft_length_count", {}),
+    "step_draft_length_sum": ("spec_decode_step_draft_length_sum", {}),
+    "step_draft_length_count": ("spec_decode_step_draft_length_count", {}),
+    "step_time_measured_s": ("spec_decode_step_time_seconds_sum", {"kind": "measured"}),
+    "step_time_predicted_s": ("spec_decode_step_time_seconds_sum", {"kind": "predicted"}),
+    "step_time_measured_count": ("spec_decode_step_time_seconds_count", {"kind": "measured"}),
+    "step_time_predicted_count": ("spec_decode_step_time_seconds_count", {"kind": "predicted"}),
+    "slo_ttft_met": ("slo_requests_total", {"objective": "ttft", "met": "true"}),
+    "slo_ttft_missed": ("slo_requests_total", {"objective": "ttft", "met": "false"}),
+    "slo_tpot_met": ("slo_requests_total", {"objective": "tpot", "met": "true"}),
+    "slo_tpot_missed": ("slo_requests_total", {"objective": "tpot", "met": "false"}),
+}
+# Point-in-time values, reported as read after the run (not as a difference)
+GAUGES = {
+    "cost_model_relative_error": "spec_decode_cost_model_relative_error",
+    "acceptance_calibration_error": "spec_decode_acceptance_calibration_error",
 }
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
-def parse_prometheus(text: str) -> dict[str, float]:
-    """Our counters from Prometheus text format, summed over label sets (e.g. one series per model)."""
-    totals: dict[str, float] = {}
+def parse_prometheus(text: str) -> dict:
+    """Our counters and gauges from Prometheus text format, counters summed over matching label sets (e.g.
+    one series per model); "policy": the speculation policy a specserve server names."""
+    totals: dict = {}
     for line in text.splitlines():
         if not line or line.startswith("#"):
             continue
         m = _SAMPLE.match(line)
         if not m:
             continue
-        name, value = m.group(1), m.group(3)
-        for prefix in PREFIXES:
-            if not name.startswith(prefix):
-                continue
-            for key, suffix in COUNTERS.items():
-                if name[len(prefix):] == suffix:
-                    try:
-                        totals[key] = totals.get(key, 0.0) + float(value)
-                    except ValueError:
-                        pass
+        name, labels, value = m.group(1), dict(_LABEL.findall(m.group(2) or "")), m.group(3)
+        prefix = next((p for p in PREFIXES if name.startswith(p)), None)
+        if prefix is None:
+            continue
+        name = name[len(prefix):]
+        if name == "spec_decode_policy_info":
+            totals["policy"] = labels.get("policy")
+            continue
+        try:
+            number = float(value)
+        except ValueError:
+            continue
+        for key, (suffix, want) in COUNTERS.items():
+            if name == suffix and all(labels.get(k) == v for k, v in want.items()):
+                totals[key] = totals.get(key, 0.0) + number
+        for key, gauge in GAUGES.items():
+            if name == gauge:
+                totals[key] = number
     return totals
 
 
@@ -54,8 +84,9 @@ async def scrape(http: httpx.AsyncClient, base_url: str) -> dict[str, float] | N
     return parse_prometheus(resp.text)
 
 
-def delta(before: dict | None, after: dict | None) -> dict[str, float] | None:
-    """How much each counter grew during the run; None when either scrape failed."""
+def delta(before: dict | None, after: dict | None) -> dict | None:
+    """How much each counter grew during the run, gauges and the policy as they were after it; None when
+    either scrape failed."""
     if before is None or after is None:
         return None
-    return {k: after[k] - before.get(k, 0.0) for k in after}
+    return {k: v if k in GAUGES or k == "policy" else v - before.get(k, 0.0) for k, v in after.items()}

@@ -38,6 +38,21 @@ def _spec(ok: list[RequestResult], server_delta: dict | None) -> dict | None:
     return None
 
 
+def _policy(server_delta: dict | None) -> dict | None:
+    """What a specserve server's speculation policy did during the run (None for other servers)."""
+    d = server_delta or {}
+    if d.get("policy") is None:
+        return None
+    mean = lambda total, count: d[total] / d[count] if d.get(count) else None  # noqa: E731
+    return {"name": d["policy"],
+            "mean_draft_length": mean("draft_length_sum", "draft_length_count"),  # per request and step
+            "mean_step_draft_length": mean("step_draft_length_sum", "step_draft_length_count"),
+            "mean_step_time_s": mean("step_time_measured_s", "step_time_measured_count"),
+            "mean_predicted_step_time_s": mean("step_time_predicted_s", "step_time_predicted_count"),
+            "cost_model_relative_error": d.get("cost_model_relative_error"),
+            "acceptance_calibration_error": d.get("acceptance_calibration_error")}
+
+
 def build_record(results: list[RequestResult], *, run_id: str, label: str, k: int | None,
                  server_config: dict, base_url: str, model: str, endpoint: str, arrival: dict,
                  offered_rate: float | None, slo: dict | None, server_delta: dict | None,
@@ -112,6 +127,7 @@ def build_record(results: list[RequestResult], *, run_id: str, label: str, k: in
 
     record["spec"] = _spec(ok, server_delta)
     record["server_metrics"] = server_delta
+    record["policy"] = _policy(server_delta)
     pre = (server_delta or {}).get("preemptions")
     record["preemptions"] = int(round(pre)) if pre is not None else None
     return record

@@ -72,6 +72,19 @@ class AsyncLLMEngine:
         return self.engine.draft_names
 
     @property
+    def policy_name(self) -> str | None:
+        return self.engine.policy.name if self.engine.policy is not None else None
+
+    @property
+    def cost_model_error(self) -> float | None:
+        models = self.engine.models
+        return models.cost.relative_error if models.has_cost and models.cost.observed else None
+
+    @property
+    def calibration_error(self) -> float | None:
+        return self.engine.models.acceptance.calibration_error
+
+    @property
     def num_waiting(self) -> int:
         """Requests not yet admitted: queued in the scheduler, or sent and not yet picked up by the step thread."""
         return max(0, self.num_requests - self.num_running)

@@ -7,11 +7,11 @@ import os
 from specserve.engine.args import add_engine_args
 from specserve.engine.config import SERVER_MAX_NUM_BATCHED_TOKENS
 
-# Prompt lookup where it finds a match, the shipped EAGLE draft elsewhere, k = 3: as fast as the best
-# batch-1 setting on both workloads of bench/spec_decode.py (1.98x on code, 1.46x on chat in the run of
-# docs/experiments/spec-decode-benchmarks.md, with the chat draft of then). Under load fixed-k drafting
-# loses; choosing k per step is the adaptive controller's job (docs/design.md §3).
-DEFAULT_SPECULATIVE = '{"model": "default", "num_speculative_tokens": 3, "ngram_first": true}'
+# Prompt lookup where it finds a match, the shipped EAGLE draft elsewhere, each request's draft length
+# chosen every step by the adaptive policy, up to 4 (docs/design.md §3.4; bench/adaptive.py compares it
+# with fixed lengths under load).
+DEFAULT_SPECULATIVE = ('{"model": "default", "num_speculative_tokens": 4, "ngram_first": true, '
+                       '"policy": "adaptive"}')
 API_KEY_ENV = "SPECSERVE_API_KEY"
 
 

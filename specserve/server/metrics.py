@@ -64,6 +64,28 @@ class ServerMetrics:
                                  "(0 = no drafting for that request)", DRAFT_LENGTH_BUCKETS)
         self.step_draft_length = hist("spec_decode_step_draft_length", "Longest draft of each step with "
                                       "decodes: the speculation length the step used", DRAFT_LENGTH_BUCKETS)
+        # The speculation policy and what it predicts with (docs/design.md §3): the step time the cost model
+        # predicted against the measured one, its running relative error, and the acceptance model's
+        # calibration error (expected calibration error of its recent predictions).
+        Gauge(P + "spec_decode_policy_info", "The speculation policy (value 1)", m + ["policy"],
+              registry=r).labels(model_name, engine.policy_name or "none").set(1)
+        self.step_time = hist("spec_decode_step_time_seconds", "Draft + target forward time of each step with "
+                              "decodes: measured, and as the step cost model predicted it", LATENCY_BUCKETS,
+                              m + ["kind"])
+        for name, doc, read in (
+                ("spec_decode_cost_model_relative_error", "Running mean |predicted - measured| / measured step "
+                 "time (NaN until the cost model runs)", lambda: engine.cost_model_error),
+                ("spec_decode_acceptance_calibration_error", "Expected calibration error of the acceptance "
+                 "model's recent predictions (NaN until drafts with confidences are verified)",
+                 lambda: engine.calibration_error)):
+            Gauge(P + name, doc, m, registry=r).labels(model_name).set_function(
+                lambda read=read: float("nan") if read() is None else read())
+        # Requests with objectives (SLOs): how many met each, counted when they finish.
+        self.slo = Counter(P + "slo_requests", "Finished requests with an objective, by objective and whether "
+                           "it was met", m + ["objective", "met"], registry=r)
+        for objective in ("ttft", "tpot"):
+            for met in ("true", "false"):
+                self.slo.labels(model_name, objective, met)
         # With several drafts routed per request (spec/router.py): each draft's share of the traffic and its
         # acceptance (1 + accepted / drafts), counted when a request finishes.
         self._routed = tuple(Counter(P + "spec_decode_draft_" + name, doc, m + ["draft"], registry=r) for name, doc in (
@@ -113,6 +135,9 @@ class ServerMetrics:
             self.draft_length.labels(model).observe(length)
         if s.draft_lengths:
             self.step_draft_length.labels(model).observe(max(s.draft_lengths))
+            self.step_time.labels(model, "measured").observe(s.t_draft + s.t_forward)
+            if s.t_predicted is not None:
+                self.step_time.labels(model, "predicted").observe(s.t_predicted)
 
     def on_output(self, out: RequestOutput) -> None:
         model, now, t = self._model, time.monotonic(), out.metrics
@@ -141,6 +166,11 @@ class ServerMetrics:
             self.queue.labels(model).observe(t["first_scheduled_time"] - arrival)
         if first is not None:
             self.ttft.labels(model).observe(first - arrival)
+            if t["slo_ttft"]:
+                self.slo.labels(model, "ttft", str(first - arrival <= t["slo_ttft"]).lower()).inc()
             if out.num_output_tokens > 1:
-                self.tpot.labels(model).observe((done - first) / (out.num_output_tokens - 1))
+                tpot = (done - first) / (out.num_output_tokens - 1)
+                self.tpot.labels(model).observe(tpot)
+                if t["slo_tpot"]:
+                    self.slo.labels(model, "tpot", str(tpot <= t["slo_tpot"]).lower()).inc()
         self.e2e.labels(model).observe(done - arrival)

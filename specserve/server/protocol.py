@@ -69,6 +69,9 @@ class _SamplingRequest(_Open):
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool | None = True
     repetition_penalty: float | None = None
+    # specserve's extensions: this request's objectives in milliseconds (docs/design.md §3.5)
+    slo_tpot_ms: float | None = None
+    slo_ttft_ms: float | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -97,7 +100,9 @@ class _SamplingRequest(_Open):
             top_k=-1 if self.top_k is None else self.top_k,
             seed=self.seed, stop=self.stop or [], stop_token_ids=self.stop_token_ids or [],
             ignore_eos=bool(self.ignore_eos), min_tokens=self.min_tokens or 0, logprobs=logprobs,
-            skip_special_tokens=self.skip_special_tokens is not False)
+            skip_special_tokens=self.skip_special_tokens is not False,
+            slo_tpot=None if self.slo_tpot_ms is None else self.slo_tpot_ms / 1000,
+            slo_ttft=None if self.slo_ttft_ms is None else self.slo_ttft_ms / 1000)
 
 
 class CompletionRequest(_SamplingRequest):

@@ -132,3 +132,28 @@ other_metric 5
     assert c == {"preemptions": 5.0, "spec_drafts": 10.0, "spec_accepted_tokens": 7.0}
     assert delta({"preemptions": 1.0}, c)["preemptions"] == 4.0
     assert delta(None, c) is None
+
+
+def test_server_metrics_read_specserve_policy_series_by_label():
+    from specserve.benchmark.server_metrics import delta, parse_prometheus
+    from specserve.benchmark.summary import _policy
+    text = """
+specserve:spec_decode_policy_info{model_name="m",policy="adaptive"} 1.0
+specserve:spec_decode_draft_length_sum{model_name="m"} 30.0
+specserve:spec_decode_draft_length_count{model_name="m"} 20.0
+specserve:spec_decode_step_time_seconds_sum{kind="measured",model_name="m"} 2.0
+specserve:spec_decode_step_time_seconds_count{kind="measured",model_name="m"} 10.0
+specserve:spec_decode_step_time_seconds_sum{kind="predicted",model_name="m"} 2.2
+specserve:spec_decode_step_time_seconds_count{kind="predicted",model_name="m"} 10.0
+specserve:slo_requests_total{met="true",model_name="m",objective="tpot"} 7.0
+specserve:slo_requests_total{met="false",model_name="m",objective="tpot"} 1.0
+specserve:spec_decode_cost_model_relative_error{model_name="m"} 0.04
+"""
+    after = parse_prometheus(text)
+    assert after["policy"] == "adaptive" and after["slo_tpot_met"] == 7 and after["slo_tpot_missed"] == 1
+    before = {"draft_length_sum": 10.0, "draft_length_count": 10.0, "cost_model_relative_error": 0.5}
+    d = delta(before, after)
+    assert d["draft_length_sum"] == 20 and d["cost_model_relative_error"] == 0.04 and d["policy"] == "adaptive"
+    policy = _policy(d)
+    assert policy["name"] == "adaptive" and policy["mean_draft_length"] == 2.0
+    assert policy["mean_predicted_step_time_s"] == 0.22 and _policy({"spec_drafts": 3}) is None
