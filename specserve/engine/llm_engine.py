@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import time
 
@@ -30,6 +31,14 @@ from specserve.spec.models import SpeculationModels
 from specserve.spec.setup import build_proposer, draft_runners, load_drafts
 
 GiB = 1 << 30
+
+
+def profile_step_costs(runner, proposer, config: EngineConfig, target, drafts) -> StepCostModel:
+    """The step cost model's startup sweep, cached per model pair, device, dtype, threads and budget."""
+    key = "|".join(map(str, [target.path, [d.path for d in drafts], config.device, config.dtype,
+                             torch.get_num_threads(), config.max_num_batched_tokens, config.block_size,
+                             torch.__version__]))
+    return StepCostModel.profile(runner, draft_runners(proposer), config.max_num_batched_tokens, key)
 
 
 class LLMEngine:
@@ -63,29 +72,20 @@ class LLMEngine:
         self.runner = ModelRunner(target.model, num_blocks, config.block_size)
         make_runner = lambda model: ModelRunner(model, num_blocks, config.block_size)  # noqa: E731
         self.proposer = build_proposer(spec, drafts, target, make_runner) if spec else None
-        self.models = SpeculationModels(k, lambda: self._profile(target, drafts))
+        # (No closure over self: an engine in a reference cycle would keep its KV cache until a GC pass.)
+        profile = functools.partial(profile_step_costs, self.runner, self.proposer, config, target, drafts)
+        self.models = SpeculationModels(k, profile)
         self.policy = make_policy(spec.policy, k, spec.policy_options, self.models) if spec else None
         if (self.policy is not None and self.policy.uses_cost_model) or config.slo_tpot_ms:
             self.models.profile()  # now, while the KV cache holds no request: the sweep writes into it
         self.executor = Executor(self.runner, self.proposer, self.policy)
         self.scheduler = Scheduler(BlockManager(num_blocks, config.block_size), config.max_num_seqs,
                                    config.max_num_batched_tokens, self.max_model_len, k,
-                                   step_time=self._step_time)
+                                   step_time=self.models.step_time)
         self.requests: dict[str, Sequence] = {}
         self._aborted: list[Sequence] = []
         self._ids = itertools.count()
         self.last_stats = StepStats()
-
-    def _step_time(self, rows, kv):
-        """The step cost model's target forward time, where it was profiled (None otherwise)."""
-        return self.models.cost.verify_time(rows, kv) if self.models.has_cost else None
-
-    def _profile(self, target, drafts) -> StepCostModel:
-        """The step cost model's startup sweep, cached per model pair, device, dtype, threads and budget."""
-        c = self.config
-        key = "|".join(map(str, [target.path, [d.path for d in drafts], c.device, c.dtype, torch.get_num_threads(),
-                                 c.max_num_batched_tokens, c.block_size, torch.__version__]))
-        return StepCostModel.profile(self.runner, draft_runners(self.proposer), c.max_num_batched_tokens, key)
 
     # ---- requests -------------------------------------------------------------------------------
     def prepare(self, prompt: str | list[int], params: SamplingParams) -> list[int]:

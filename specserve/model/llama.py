@@ -16,9 +16,9 @@ from specserve.model.rope import apply_rope, rope_table
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int, eps: float, device=None):
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.weight = nn.Parameter(torch.ones(dim, device=device))
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -30,7 +30,7 @@ class RMSNorm(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, device=None):
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
@@ -38,13 +38,13 @@ class DecoderLayer(nn.Module):
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         self.scale = self.head_dim ** -0.5
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, device)
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size,
-                                  bias=config.attention_bias)
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+                                  bias=config.attention_bias, device=device)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False, device=device)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, device)
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False, device=device)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False, device=device)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
@@ -65,17 +65,21 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, device=None):
+        """device="meta" builds the structure without memory (the loader then fills in the weights). Passed
+        to each layer rather than set by `with torch.device(...)`, whose mode keeps the constructing frames
+        (and through them the whole engine) alive until a garbage-collection pass (torch 2.13)."""
         super().__init__()
         self.config = config
         rank = config.embedding_rank
-        self.embed_tokens = nn.Embedding(config.vocab_size, rank or config.hidden_size)
-        self.embed_proj = nn.Linear(rank, config.hidden_size, bias=False) if rank else None
-        self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=False) if config.eagle else None
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.embed_tokens = nn.Embedding(config.vocab_size, rank or config.hidden_size, device=device)
+        self.embed_proj = nn.Linear(rank, config.hidden_size, bias=False, device=device) if rank else None
+        self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=False, device=device) \
+            if config.eagle else None
+        self.layers = nn.ModuleList(DecoderLayer(config, device) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, device)
         head_rows = config.draft_vocab_size or config.vocab_size
-        self.lm_head = nn.Linear(config.hidden_size, head_rows, bias=False)
+        self.lm_head = nn.Linear(config.hidden_size, head_rows, bias=False, device=device)
         if config.tie_word_embeddings:
             if config.draft_vocab_size or config.embedding_rank:
                 raise ValueError("a reduced-vocabulary head or low-rank embedding cannot be tied")

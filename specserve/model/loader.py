@@ -53,9 +53,7 @@ def _generation_eos(model_dir: Path) -> list[int]:
 
 
 def build_model(config: ModelConfig, state_dict: dict, dtype: torch.dtype, device) -> LlamaModel:
-    with torch.device("meta"):
-        model = LlamaModel(config)
-    model = model.to_empty(device="cpu")
+    model = LlamaModel(config, device="meta").to_empty(device="cpu")
     if config.tie_word_embeddings:  # to_empty() unties shared parameters
         model.lm_head.weight = model.embed_tokens.weight
     load_hf_state_dict(model, state_dict)

@@ -34,6 +34,10 @@ class SpeculationModels:
     def has_cost(self) -> bool:
         return self._cost is not None
 
+    def step_time(self, rows, kv_tokens):
+        """Seconds of target forwards over `rows` rows (None where the cost model was not profiled)."""
+        return self._cost.verify_time(rows, kv_tokens) if self._cost is not None else None
+
     def step_costs(self, batch: BatchView) -> StepCosts:
         """The cost curves of this step: target forward by rows, each draft's forward by rows."""
         cost = self.cost

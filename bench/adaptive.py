@@ -1,0 +1,277 @@
+"""Load-adaptive speculation against fixed choices: every speculation policy on one engine, under the shipped
+Azure conversation trace's arrivals time-scaled to load levels from ~10 % to ~90 % of plain decoding's
+saturation rate, on code (python-stdlib prefixes, the code draft) and chat (Spec-Bench, the chat draft).
+
+    python bench/adaptive.py [--workloads code,chat] [--temperatures 0] [--repeats 3] [--requests 12]
+    python bench/adaptive.py --analyze bench/results/adaptive/<run>      # tables, goals and plots again
+
+Per workload (and temperature): one engine (SmolLM2-135M, the workload's draft, prompt lookup first, a
+draft-length ceiling of 6) whose policy is switched between runs, so every policy meets the same weights,
+cache and threads. Plain decoding's saturation rate is measured first (a burst of requests). Then rounds:
+each round runs every (policy, level) once in a shuffled order, so a machine whose speed drifts spreads
+the drift over all of them; --repeats rounds. A run replays --requests arrivals of the Azure trace, its
+clock scaled to the level's rate, in real time, and measures each request's E2E, TTFT and TPOT on the
+engine's clock. Greedy outputs are identical under every policy (lossless), so greedy runs differ in
+timing only. Results: runs.jsonl (one line per run), summary.md (tables, goals), PNG plots.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+OUT = Path(__file__).parent / "results" / "adaptive"
+LATENCY_MODEL = Path(__file__).parent / "results" / "latency20" / "model.json"
+CEILING = 6
+# label -> (policy, draft-length ceiling, policy options)
+POLICIES = {
+    "off": ("off", CEILING, None),
+    **{f"static{k}": ("static", k, None) for k in (1, 2, 3, 4, 6)},
+    "batch_table": ("batch_table", CEILING, None),
+    "threshold": ("threshold", CEILING, None),
+    "goodput": ("goodput", CEILING, None),
+    "adaptive": ("adaptive", CEILING, None),
+    "planned": ("planned", CEILING, {"model": str(LATENCY_MODEL)}),
+}
+STATIC = ["off", "static1", "static2", "static3", "static4", "static6"]
+WORKLOADS = {  # dataset, draft, prompt tokens, output tokens (at most: EOS ends a request earlier)
+    "code": ("python-stdlib", "code", 256, 64),
+    "chat": ("spec-bench", "chat", None, 96),
+}
+LEVELS = [0.1, 0.25, 0.4, 0.55, 0.7, 0.9]
+
+
+def build_engine(workload: str, threads: int):
+    from specserve import LLM
+    dataset, draft, _, _ = WORKLOADS[workload]
+    llm = LLM(model="smollm2-135m", num_threads=threads, max_num_seqs=64, max_num_batched_tokens=512,
+              speculative_config={"model": draft, "num_speculative_tokens": CEILING, "ngram_first": True})
+    llm.engine.models.profile()  # before any request: the adaptive and goodput policies read it
+    return llm
+
+
+def use_policy(engine, label: str) -> None:
+    from specserve.spec.policies import make_policy
+    name, k, options = POLICIES[label]
+    engine.policy = engine.executor.policy = make_policy(name, k, options, engine.models)
+    engine.scheduler.max_drafts = k
+
+
+def prompts_and_arrivals(llm, workload: str, rate: float | None, n: int, seed: int):
+    """n prompts and their arrival times: the Azure trace's, time-scaled to `rate` (None: all at once).
+    Code: stdlib prefixes of exactly the prompt length; chat: Spec-Bench questions in the chat template."""
+    from specserve.benchmark import arrivals as arr
+    from specserve.benchmark.prompts import HFTokenizer, load_dataset
+    from specserve.benchmark.workload import WorkloadSpec, make_workload
+    dataset, _, input_len, output_len = WORKLOADS[workload]
+    trace = arr.load_trace("azure-conv")
+    start = float(trace.times_s[0]) + 60.0 * (seed % 50)  # another stretch of the trace in each repeat
+    scale = 1.0 if rate is None else trace.mean_rate / rate
+    times = arr.window(trace, start, max_requests=n, time_scale=scale).times_s
+    times = np.zeros(n) if rate is None else times - times[0]
+    if input_len is None:
+        questions = load_dataset(dataset)
+        picks = np.random.default_rng(seed).integers(0, len(questions), n)
+        return [llm.tokenizer.encode_chat([{"role": "user", "content": questions[i]}]) for i in picks], times
+    spec = WorkloadSpec(dataset=dataset, max_requests=n, request_rate=float("inf"), input_len=input_len,
+                        output_len=output_len, seed=seed)
+    w = make_workload(spec, tokenizer=HFTokenizer(llm.tokenizer.hf), max_model_len=llm.engine.max_model_len)
+    return [p.text for p in w.prompts], times
+
+
+def replay(llm, texts, times, params) -> dict:
+    """Submit each prompt at its arrival time (real time) and step the engine; per-request latencies."""
+    engine = llm.engine
+    start, i, n, done = time.monotonic(), 0, len(texts), {}
+    lengths, steps, predicted, measured = [], 0, [], []
+    while len(done) < n:
+        now = time.monotonic() - start
+        while i < n and times[i] <= now:
+            engine.add_request(texts[i], params[i], request_id=str(i), arrival_time=start + times[i])
+            i += 1
+        if not engine.has_unfinished():
+            time.sleep(max(0.0, min(times[i] - now, 0.05)))
+            continue
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out
+        s = engine.last_stats
+        if s.num_decodes:
+            steps += 1
+            lengths.append(sum(s.draft_lengths) / s.num_decodes)
+            if s.t_predicted is not None:
+                predicted.append(s.t_predicted)
+                measured.append(s.t_draft + s.t_forward)
+    e2e, ttft, tpot, tokens = [], [], [], 0
+    for out in done.values():
+        m = out.metrics
+        e2e.append(m["finished_time"] - m["arrival_time"])
+        ttft.append(m["first_token_time"] - m["arrival_time"])
+        if out.num_output_tokens > 1:
+            tpot.append((m["finished_time"] - m["first_token_time"]) / (out.num_output_tokens - 1))
+        tokens += out.num_output_tokens
+    slo = [p.slo_tpot for p in params if p.slo_tpot]
+    return {"n": n, "mean_e2e": float(np.mean(e2e)), "p99_e2e": float(np.percentile(e2e, 99)),
+            "mean_ttft": float(np.mean(ttft)), "mean_tpot": float(np.mean(tpot)) if tpot else None,
+            "tpot_attainment": float(np.mean([t <= slo[0] for t in tpot])) if slo and tpot else None,
+            "output_tokens": tokens, "wall_s": time.monotonic() - start, "steps": steps,
+            "mean_draft_length": float(np.mean(lengths)) if lengths else 0.0,
+            "step_time_error": float(np.mean(np.abs(np.array(predicted) - measured) / np.array(measured)))
+            if predicted else None}
+
+
+def sampling(workload: str, n: int, temperature: float, seed: int, slo_tpot_ms: float | None) -> list:
+    from specserve import SamplingParams
+    return [SamplingParams(max_tokens=WORKLOADS[workload][3], temperature=temperature, seed=seed * 1000 + i,
+                           slo_tpot=slo_tpot_ms / 1000 if slo_tpot_ms else None) for i in range(n)]
+
+
+def saturation(llm, workload: str, n: int) -> float:
+    """Plain decoding's throughput in requests/s with n requests sent at once."""
+    use_policy(llm.engine, "off")
+    texts, times = prompts_and_arrivals(llm, workload, None, n, seed=999)
+    r = replay(llm, texts, times, sampling(workload, n, 0.0, 999, None))
+    return n / r["wall_s"]
+
+
+def run(args) -> Path:
+    out = Path(args.out or OUT / datetime.datetime.now().strftime("%Y-%m-%d-%H%M"))
+    out.mkdir(parents=True, exist_ok=True)
+    log = (out / "runs.jsonl").open("a")
+    for workload in args.workloads.split(","):
+        llm = build_engine(workload, args.threads)
+        sat = saturation(llm, workload, args.saturation_requests)
+        print(f"{workload}: plain decoding saturates at {sat:.3f} req/s", flush=True)
+        for temperature in map(float, args.temperatures.split(",")):
+            cells = [(p, lv) for p in args.policies.split(",") for lv in map(float, args.levels.split(","))]
+            for repeat in range(args.repeats):
+                random.Random(f"{workload}{temperature}{repeat}").shuffle(cells)
+                for policy, level in cells:
+                    use_policy(llm.engine, policy)
+                    texts, times = prompts_and_arrivals(llm, workload, level * sat, args.requests, seed=repeat)
+                    r = replay(llm, texts, times, sampling(workload, args.requests, temperature, repeat,
+                                                           args.slo_tpot_ms))
+                    row = dict(workload=workload, temperature=temperature, policy=policy, level=level,
+                               rate=level * sat, saturation=sat, repeat=repeat, **r)
+                    log.write(json.dumps(row) + "\n")
+                    log.flush()
+                    print(f"{workload} T={temperature} r{repeat} {policy:11} {level:.2f}: E2E {r['mean_e2e']:.2f} s, "
+                          f"draft {r['mean_draft_length']:.2f}", flush=True)
+        del llm
+    analyze(out)
+    return out
+
+
+# ---- analysis -------------------------------------------------------------------------------------------
+
+def analyze(out: Path) -> None:
+    rows = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+    lines = [f"# Adaptive speculation vs fixed policies\n\n`python bench/adaptive.py` → `{out}/runs.jsonl`; "
+             "medians over repeats (min–max in brackets), mean E2E in seconds.\n"]
+    for workload in sorted({r["workload"] for r in rows}):
+        for temperature in sorted({r["temperature"] for r in rows if r["workload"] == workload}):
+            mine = [r for r in rows if r["workload"] == workload and r["temperature"] == temperature]
+            lines += table(mine, f"{workload}, temperature {temperature}")
+            plot(mine, out / f"{workload}_t{temperature}.png", f"{workload}, T = {temperature}")
+    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def cell(rows, policy, level, key="mean_e2e"):
+    values = [r[key] for r in rows if r["policy"] == policy and r["level"] == level and r[key] is not None]
+    return (statistics.median(values), min(values), max(values)) if values else None
+
+
+def table(rows, title) -> list[str]:
+    policies = [p for p in POLICIES if any(r["policy"] == p for r in rows)]
+    levels = sorted({r["level"] for r in rows})
+    rates = {lv: statistics.median(r["rate"] for r in rows if r["level"] == lv) for lv in levels}
+    out = [f"## {title}\n", "| policy | " + " | ".join(f"{lv:.0%} ({rates[lv]:.2f}/s)" for lv in levels) + " |",
+           "|---|" + "---|" * len(levels)]
+    for p in policies:
+        cells = [cell(rows, p, lv) for lv in levels]
+        out.append(f"| {p} | " + " | ".join("–" if c is None else f"{c[0]:.2f} [{c[1]:.2f}–{c[2]:.2f}]"
+                                            for c in cells) + " |")
+    out.append("| adaptive: mean draft length | " + " | ".join(
+        f"{(cell(rows, 'adaptive', lv, 'mean_draft_length') or (float('nan'),))[0]:.2f}" for lv in levels) + " |")
+    out += ["", *goals(rows, levels), ""]
+    return out
+
+
+def goals(rows, levels) -> list[str]:
+    """The issue's goals 1-3 for this workload, from the medians."""
+    have = [p for p in STATIC if all(cell(rows, p, lv) for lv in levels)]
+    if "adaptive" not in {r["policy"] for r in rows} or not have:
+        return []
+    e2e = {p: np.array([cell(rows, p, lv)[0] for lv in levels]) for p in have + ["adaptive"]}
+    best_each = np.min([e2e[p] for p in have], axis=0)
+    ratio = e2e["adaptive"] / best_each
+    best_single = min(have, key=lambda p: np.exp(np.mean(np.log(e2e[p]))))
+    geo = np.exp(np.mean(np.log(e2e[best_single] / e2e["adaptive"])))
+    low_best = max(e2e["off"][0] / e2e[p][0] for p in have) if "off" in have else float("nan")
+    out = [f"1. adaptive / best static at each level: {', '.join(f'{x:.3f}' for x in ratio)} "
+           f"(goal ≤ 1.03: {'met' if (ratio <= 1.03).all() else 'missed'})",
+           f"2. best single static choice over the sweep: {best_single}; it / adaptive, geometric mean over levels: "
+           f"{geo:.3f} (goal ≥ 1.15: {'met' if geo >= 1.15 else 'missed'})"]
+    if "off" in have:
+        high = e2e["adaptive"][-1] / e2e["off"][-1]
+        low = (e2e["off"][0] / e2e["adaptive"][0]) / low_best
+        out.append(f"3. highest load: adaptive / off = {high:.3f} (goal ≤ 1.03: {'met' if high <= 1.03 else 'missed'}); "
+                   f"lowest load: adaptive's speedup / best static speedup = {low:.3f} "
+                   f"(goal ≥ 0.95: {'met' if low >= 0.95 else 'missed'})")
+    return out
+
+
+def plot(rows, path, title) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    levels = sorted({r["level"] for r in rows})
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.2))
+    for i, p in enumerate(p for p in POLICIES if any(r["policy"] == p for r in rows)):
+        med = [cell(rows, p, lv) for lv in levels]
+        pts = [(lv, c[0]) for lv, c in zip(levels, med) if c]
+        style = dict(lw=2.5, color="k") if p == "adaptive" else dict(lw=1, color=f"C{i % 10}")
+        ax.plot(*zip(*pts), "o-", label=p, **style)
+        k = [(lv, c[0]) for lv in levels if (c := cell(rows, p, lv, "mean_draft_length"))]
+        bx.plot(*zip(*k), "o-", label=p, **style)
+    ax.set(xlabel="load (fraction of plain decoding's saturation rate)", ylabel="mean E2E (s)", title=title)
+    bx.set(xlabel="load (fraction of plain decoding's saturation rate)", ylabel="mean draft length per request",
+           title="draft length chosen")
+    for a in (ax, bx):
+        a.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--workloads", default="code,chat")
+    ap.add_argument("--temperatures", default="0")
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--levels", default=",".join(map(str, LEVELS)))
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--requests", type=int, default=12, help="arrivals per run")
+    ap.add_argument("--saturation-requests", type=int, default=24)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--slo-tpot-ms", type=float, default=None, help="every request's TPOT objective")
+    ap.add_argument("--out")
+    ap.add_argument("--analyze", metavar="DIR", help="only redo the tables and plots of a finished run")
+    args = ap.parse_args()
+    if args.analyze:
+        return analyze(Path(args.analyze))
+    run(args)
+
+
+if __name__ == "__main__":
+    sys.path.append(str(Path(__file__).resolve().parent.parent))
+    main()
