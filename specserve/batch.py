@@ -151,4 +151,5 @@ class StepResult:
     logprobs: list[list[float] | None]     # the raw log-probability of each committed token, if asked
     proposal: Proposal
     times: PhaseTimes
+    forward_kv: int                        # KV tokens the target forward's attention read (all its rows)
     confidences: list[list[float]] | None = None  # per decode, if the policy asked

@@ -39,7 +39,8 @@ class Executor:
         if self.hidden_taps:
             self._tap(items, owners, committed[:len(plan.decodes)], hidden)
         times.draft, times.forward, times.sample = t1 - t0, t2 - t1, time.perf_counter() - t2
-        return StepResult(sampling, committed, logprobs, proposal, times, confidences)
+        return StepResult(sampling, committed, logprobs, proposal, times, sum(it.ctx_len for it in items),
+                          confidences)
 
     def propose(self, plan: StepPlan) -> Proposal:
         """Drafts for the plan's decodes (a policy with `stepwise` may trim them after drafting)."""

@@ -193,16 +193,9 @@ class LLMEngine:
             outcomes.append(DraftOutcome(s.seq.request_id, proposal.sources[i], length, accepted,
                                          result.confidences[i] if result.confidences else None))
         if self.policy is not None and plan.view is not None:
-            kv = sum(len(s.seq.token_ids) + n for s, n in zip(plan.decodes, proposal.lengths)) + sum(
-                s.seq.num_computed for s in plan.prefills)  # a prefill's num_computed already moved past its chunk
             feedback = StepFeedback(plan.view, outcomes, times, len(plan.decodes) + sum(proposal.lengths),
-                                    stats.num_prefill_tokens, kv, proposal.draft_forwards)
-            if self.models.has_cost:
-                cost = self.models.cost
-                stats.t_predicted = float(cost.verify_time(feedback.num_verify_tokens + feedback.num_prefill_tokens,
-                                                           kv)[0]) + sum(float(cost.draft_time(d, rows, ctx)[0])
-                                                                         for d, rows, ctx in proposal.draft_forwards)
-            self.models.observe(feedback)
+                                    stats.num_prefill_tokens, result.forward_kv, proposal.draft_forwards)
+            stats.t_predicted = self.models.observe(feedback)
             self.policy.observe(feedback)
         self.last_stats = stats
 

@@ -96,8 +96,9 @@ class StepCostModel:
         return np.where(rows > 0, cost.predict(features(rows, kv_tokens)), 0.0)
 
     def observe(self, verify_rows: int, verify_kv: int, forward_s: float,
-                draft_forwards: list[tuple[str, int, int]], draft_s: float) -> None:
-        """One step's measured phases: the target forward, and the draft forwards [(draft, rows, kv)]."""
+                draft_forwards: list[tuple[str, int, int]], draft_s: float) -> float:
+        """One step's measured phases: the target forward, and the draft forwards [(draft, rows, kv)].
+        Returns what the model predicted for them before learning from this step."""
         f = features(verify_rows, verify_kv)[0]
         predicted = float(f @ self.verify.w)
         self.verify.update(f, forward_s)
@@ -105,16 +106,18 @@ class StepCostModel:
         for draft, rows, kv in draft_forwards:
             if draft in self.drafts:
                 by_draft[draft] = by_draft.get(draft, 0) + features(rows, kv)[0]
+        for draft, fd in by_draft.items():
+            predicted += float(fd @ self.drafts[draft].w)
         if len(by_draft) == 1:  # the draft phase is timed as a whole: attributable to one draft only
             (draft, fd), = by_draft.items()
-            predicted += float(fd @ self.drafts[draft].w)
             self.drafts[draft].update(fd, draft_s)
-        measured = forward_s + (draft_s if len(by_draft) == 1 else 0.0)
+        measured = forward_s + (draft_s if by_draft else 0.0)
         if measured > 0:
             error = abs(predicted - measured) / measured
             self.relative_error = error if not self.observed else (
                 (1 - self._ewma) * self.relative_error + self._ewma * error)
             self.observed += 1
+        return predicted
 
     # ---- startup profile -------------------------------------------------------------------------
     @classmethod

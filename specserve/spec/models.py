@@ -50,12 +50,14 @@ class SpeculationModels:
         drafts = {name: cost.draft_time(name, draft_rows, draft_rows * mean_context) for name in cost.drafts}
         return StepCosts(verify, drafts, base)
 
-    def observe(self, feedback: StepFeedback) -> None:
+    def observe(self, feedback: StepFeedback) -> float | None:
+        """Learn from a step; returns the step time (draft + forward) the cost model had predicted for it."""
         for outcome in feedback.outcomes:
             self.acceptance.observe(outcome)
-        if self._cost is not None:
-            self._cost.observe(feedback.num_verify_tokens + feedback.num_prefill_tokens, feedback.forward_kv,
-                               feedback.times.forward, feedback.draft_forwards, feedback.times.draft)
+        if self._cost is None:
+            return None
+        return self._cost.observe(feedback.num_verify_tokens + feedback.num_prefill_tokens, feedback.forward_kv,
+                                  feedback.times.forward, feedback.draft_forwards, feedback.times.draft)
 
     def forget(self, request_id: str) -> None:
         self.acceptance.forget(request_id)
