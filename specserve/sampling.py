@@ -76,8 +76,3 @@ def exponentials(generators: list[torch.Generator], size: int, device, dtype=tor
 def race(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     """The exponential race: argmax of p / E with E ~ Exp(1) picks token i with probability p_i. [N]"""
     return (probs / noise).argmax(dim=-1)
-
-
-def sample(probs: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
-    """probs: [N, V]; one draw per row from that row's request generator -> token ids [N] (on the device)."""
-    return race(probs, exponentials(generators, probs.shape[-1], probs.device, probs.dtype))

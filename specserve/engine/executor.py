@@ -7,7 +7,7 @@ from typing import Callable
 
 import torch
 
-from specserve.batch import ForwardItem, PhaseTimes, Proposal, ScheduledSeq, StepPlan, StepResult
+from specserve.batch import ForwardItem, PhaseTimes, Proposal, StepPlan, StepResult
 from specserve.device_sync import to_host
 from specserve.engine.model_runner import ModelRunner
 from specserve.engine.sampler import Sampler
