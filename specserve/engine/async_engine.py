@@ -3,6 +3,11 @@
 torch releases the GIL inside its kernels, so the asyncio loop (HTTP handling, streaming) stays
 responsive while a step runs. All engine state is touched only by the step thread; callers talk to it
 through a command queue, and outputs come back through `loop.call_soon_threadsafe`.
+
+A request that cannot be added (a bad seed that slipped past validation, anything) fails alone: the
+exception goes to that request's stream and the loop goes on. The loop's liveness is observable: it
+stamps a heartbeat on every iteration (at least every 0.5 s when idle), and `health_problem()` names a
+loop that died or whose current iteration has run longer than `stall_timeout` (a hung step).
 """
 from __future__ import annotations
 
@@ -26,8 +31,13 @@ class EngineDeadError(RuntimeError):
     pass
 
 
+IDLE_WAIT_S = 0.5  # the longest the loop sleeps between heartbeats while there is nothing to do
+DEFAULT_STALL_TIMEOUT_S = 60.0
+
+
 class AsyncLLMEngine:
-    def __init__(self, config: EngineConfig | None = None, engine: LLMEngine | None = None):
+    def __init__(self, config: EngineConfig | None = None, engine: LLMEngine | None = None,
+                 stall_timeout: float = DEFAULT_STALL_TIMEOUT_S):
         self.engine = engine or LLMEngine(config or EngineConfig())
         self.tokenizer = self.engine.tokenizer
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
@@ -38,6 +48,9 @@ class AsyncLLMEngine:
         self._thread: threading.Thread | None = None
         self.step_listeners: list[Callable[[StepStats], None]] = []  # called on the step thread
         self.output_listeners: list[Callable[[RequestOutput], None]] = []
+        self.stall_timeout = stall_timeout
+        self._heartbeat = time.monotonic()  # when the loop last began an iteration
+        self._died: BaseException | None = None  # what ended the loop, if something did
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -51,6 +64,27 @@ class AsyncLLMEngine:
         if self._thread is not None:
             self._thread.join(timeout=30)
             self._thread = None
+
+    @property
+    def dead(self) -> str | None:
+        """Why the step loop can take no more requests, if it died; else None (a loop not started yet
+        starts with the first request)."""
+        if self._died is not None:
+            return f"the engine loop died: {type(self._died).__name__}: {self._died}"
+        thread = self._thread
+        if thread is not None and not thread.is_alive():
+            return "the engine loop is not running"
+        return None
+
+    def health_problem(self) -> str | None:
+        """None while the step loop is alive and advancing; else what is wrong (for /health)."""
+        dead = self.dead
+        if dead is not None:
+            return dead
+        stalled = time.monotonic() - self._heartbeat
+        if stalled > self.stall_timeout:
+            return f"the engine loop has not advanced for {stalled:.0f} s (a step is hung)"
+        return None
 
     @property
     def num_requests(self) -> int:
@@ -99,6 +133,9 @@ class AsyncLLMEngine:
         ids = self.engine.prepare(prompt, params)  # raises InvalidRequestError here, in the caller
         stream: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = (asyncio.get_running_loop(), stream)
+        if self._died is not None:  # checked after registering: a dying loop fails every stream it sees
+            self._streams.pop(request_id, None)
+            raise EngineDeadError(self.dead)
         self._commands.put(("add", (prompt, params, request_id, time.monotonic(), ids)))
         self._wake.set()
         finished = False
@@ -122,21 +159,47 @@ class AsyncLLMEngine:
 
     # ---- the step thread ------------------------------------------------------------------------
     def _loop(self) -> None:
+        try:
+            self._run()
+        except BaseException as e:  # a bug outside the step guard: say so everywhere rather than hang
+            self._died = e
+            log.critical("the engine loop died; /health now fails", exc_info=e)
+            for rid in list(self._streams):
+                self._deliver(rid, EngineDeadError(f"the engine loop died: {e}"))
+
+    def _command(self, kind: str, arg) -> None:
+        """One command from the event loop. A failure belongs to that request alone: its stream gets the
+        exception (InvalidRequestError becomes a 400, anything else a 500) and the loop goes on."""
+        engine = self.engine
+        if kind == "add":
+            prompt, params, rid, arrival, ids = arg
+            if rid not in self._streams:  # already cancelled by its caller
+                return
+            try:
+                engine.add_request(prompt, params, rid, arrival, prompt_token_ids=ids)
+            except Exception as e:
+                log.warning("request %s could not be added: %s: %s", rid, type(e).__name__, e)
+                if rid in engine.requests:  # half added: take it out again
+                    engine.abort(rid)
+                self._deliver(rid, e)
+        else:
+            try:
+                engine.abort(arg)
+            except Exception:
+                log.exception("aborting request %s failed", arg)
+
+    def _run(self) -> None:
         engine = self.engine
         while not self._stop:
+            self._heartbeat = time.monotonic()
             while True:
                 try:
                     kind, arg = self._commands.get_nowait()
                 except queue.Empty:
                     break
-                if kind == "add":
-                    prompt, params, rid, arrival, ids = arg
-                    if rid in self._streams:  # not already cancelled by its caller
-                        engine.add_request(prompt, params, rid, arrival, prompt_token_ids=ids)
-                else:
-                    engine.abort(arg)
+                self._command(kind, arg)
             if not engine.has_unfinished():
-                self._wake.wait(timeout=0.5)
+                self._wake.wait(timeout=IDLE_WAIT_S)
                 self._wake.clear()
                 continue
             try:

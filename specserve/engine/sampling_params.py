@@ -3,16 +3,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from specserve.engine.seeding import SEED_MAX, SEED_MIN
 from specserve.errors import InvalidRequestError
+
+# Temperatures below this sample greedily (vLLM's _SAMPLING_EPS): dividing float32 logits by 1e-40
+# overflows to inf/nan, and any temperature this small is an argmax in all but float rounding anyway.
+GREEDY_TEMPERATURE = 1e-5
+# top_k beyond the vocabulary means "all tokens"; LLMEngine.prepare clamps it to the model's vocabulary.
+# This bound only keeps the value representable as an int64 tensor element.
+MAX_TOP_K = (1 << 63) - 1
 
 
 @dataclass(slots=True)
 class SamplingParams:
     max_tokens: int = 16
-    temperature: float = 1.0  # 0 = greedy
+    temperature: float = 1.0  # 0 (or below GREEDY_TEMPERATURE) = greedy
     top_p: float = 1.0
     top_k: int = -1  # -1 or 0 = disabled
-    seed: int | None = None
+    seed: int | None = None  # a signed 64-bit integer; None draws one from the engine's seed
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
@@ -36,7 +44,11 @@ class SamplingParams:
             (self.max_tokens >= 1, f"max_tokens must be at least 1, got {self.max_tokens}"),
             (self.temperature >= 0, f"temperature must be non-negative, got {self.temperature}"),
             (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
-            (self.top_k == -1 or self.top_k >= 1, f"top_k must be -1 (disabled) or >= 1, got {self.top_k}"),
+            (self.top_k == -1 or 1 <= self.top_k <= MAX_TOP_K,
+             f"top_k must be -1 (disabled) or in [1, {MAX_TOP_K}], got {self.top_k}"),
+            (self.seed is None or (not isinstance(self.seed, bool) and isinstance(self.seed, int)
+                                   and SEED_MIN <= self.seed <= SEED_MAX),
+             f"seed must be an integer in [{SEED_MIN}, {SEED_MAX}] (a signed 64-bit integer), got {self.seed}"),
             (0 <= self.min_tokens <= self.max_tokens,
              f"min_tokens must be in [0, max_tokens], got {self.min_tokens}"),
             (self.slo_tpot is None or self.slo_tpot > 0, f"the TPOT SLO must be positive, got {self.slo_tpot}"),
@@ -48,4 +60,5 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        """Argmax decoding: temperature 0, or any temperature below GREEDY_TEMPERATURE."""
+        return self.temperature < GREEDY_TEMPERATURE

@@ -9,6 +9,7 @@ import torch
 from tokenizers.decoders import DecodeStream
 
 from specserve.engine.sampling_params import SamplingParams
+from specserve.engine.seeding import make_generator
 
 
 class Status(enum.Enum):
@@ -64,10 +65,8 @@ class Sequence:
         self.draft_index = None      # which of several drafts serves this request (spec/router.py)
         self.draft_name: str | None = None  # the draft that proposed its latest draft ("ngram": prompt lookup)
         # Sampled requests draw from their own generator, on the device whose probabilities it samples.
-        self.generator = None if params.greedy else torch.Generator(device)
-        if self.generator is not None:
-            self.generator.manual_seed(params.seed if params.seed is not None
-                                       else int(torch.randint(2**62, ())))
+        self.generator = None if params.greedy else make_generator(
+            params.seed if params.seed is not None else int(torch.randint(2**62, ())), device)
         stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))
         self._stop_ids = stops
         self._decoder = DecodeStream(skip_special_tokens=params.skip_special_tokens)

@@ -1,4 +1,5 @@
-"""The FastAPI app: OpenAI routes, /health, /metrics, API-key check, queue limit and drain gate."""
+"""The FastAPI app: OpenAI routes, /health, /metrics, /openapi.json, API-key check, request body limits,
+queue limit and drain gate."""
 from __future__ import annotations
 
 import hmac
@@ -11,6 +12,7 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from specserve.engine.async_engine import AsyncLLMEngine
+from specserve.server import limits
 from specserve.server.errors import APIError, error_response, install_error_handlers
 from specserve.server.metrics import ServerMetrics
 from specserve.server.protocol import ChatCompletionRequest, CompletionRequest
@@ -28,10 +30,14 @@ class ServingState:
 
 class _Gate:
     """Pure ASGI middleware, so that it sees a streaming response through to its end (a FastAPI
-    dependency returns before the stream is sent): API key on /v1, refusal while draining, in-flight count."""
+    dependency returns before the stream is sent): API key on /v1, body size and read-time limits,
+    refusal while draining, in-flight count. A generation request's body is read here, whole and within
+    the limits, before it counts as in flight: a slow or huge upload holds no queue slot."""
 
-    def __init__(self, app, state: ServingState, api_key: str | None):
+    def __init__(self, app, state: ServingState, api_key: str | None, max_request_bytes: int,
+                 timeout_read: float):
         self.app, self.state, self.api_key = app, state, api_key
+        self.max_request_bytes, self.timeout_read = max_request_bytes, timeout_read
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -41,16 +47,42 @@ class _Gate:
             return await error_response(401, "Incorrect or missing API key: send `Authorization: Bearer <key>`",
                                         code="invalid_api_key",
                                         headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
+        if self._declared_length(scope) > self.max_request_bytes:
+            return await self._too_large()(scope, receive, send)
         if not (scope["method"] == "POST" and path in GENERATION_PATHS):
             return await self.app(scope, receive, send)
         if self.state.draining:
             return await error_response(503, "the server is shutting down and takes no new requests",
                                         headers={"Connection": "close"})(scope, receive, send)
+        try:
+            body = await limits.read_body(receive, self.max_request_bytes, self.timeout_read)
+        except limits.BodyTooLarge:
+            return await self._too_large()(scope, receive, send)
+        except limits.BodyTimeout:
+            return await error_response(408, f"the request body did not arrive within {self.timeout_read:g} s",
+                                        code="request_timeout", headers={"Connection": "close"})(scope, receive, send)
+        except limits.ClientGone:
+            return
         self.state.in_flight += 1
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, limits.replay(body, receive), send)
         finally:
             self.state.in_flight -= 1
+
+    def _too_large(self):
+        return error_response(413, f"the request body is larger than this server's limit of {self.max_request_bytes} "
+                                   "bytes (--max-request-bytes)", code="request_too_large",
+                              headers={"Connection": "close"})
+
+    @staticmethod
+    def _declared_length(scope) -> int:
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                try:
+                    return int(value)
+                except ValueError:
+                    return 0  # h11 refuses a malformed Content-Length before we see it
+        return 0
 
     def _authorized(self, scope) -> bool:
         for name, value in scope["headers"]:
@@ -62,8 +94,10 @@ class _Gate:
 
 
 def build_app(engine: AsyncLLMEngine, served_model_names: str | list[str], api_key: str | None = None,
-              max_queue: int | None = None) -> FastAPI:
-    """`max_queue`: requests allowed to wait beyond the `max_num_seqs` that run; more get 429 (None: no limit)."""
+              max_queue: int | None = None, max_request_bytes: int = limits.DEFAULT_MAX_REQUEST_BYTES,
+              timeout_read: float = limits.DEFAULT_TIMEOUT_READ_S) -> FastAPI:
+    """`max_queue`: requests allowed to wait beyond the `max_num_seqs` that run; more get 429 (None: no limit).
+    `max_request_bytes`: larger bodies get 413. `timeout_read`: seconds a body may take to arrive (408)."""
     names = [served_model_names] if isinstance(served_model_names, str) else list(served_model_names)
     state = ServingState()
     metrics = ServerMetrics(engine, names[0])
@@ -71,6 +105,9 @@ def build_app(engine: AsyncLLMEngine, served_model_names: str | list[str], api_k
     created = int(time.time())
 
     def admit() -> None:
+        dead = engine.dead
+        if dead is not None:
+            raise APIError(503, f"the server cannot take requests: {dead}", code="engine_dead")
         if capacity is not None and state.in_flight > capacity:
             raise APIError(429, f"the server's queue is full ({capacity} requests in flight); retry later",
                            code="queue_full")
@@ -83,11 +120,12 @@ def build_app(engine: AsyncLLMEngine, served_model_names: str | list[str], api_k
         yield
         engine.shutdown()
 
-    app = FastAPI(title="specserve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="specserve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.state.serving = state
     app.state.metrics = metrics
     install_error_handlers(app)
-    app.add_middleware(_Gate, state=state, api_key=api_key)
+    app.add_middleware(_Gate, state=state, api_key=api_key, max_request_bytes=max_request_bytes,
+                       timeout_read=timeout_read)
 
     def model_card(name: str) -> dict:
         return {"id": name, "object": "model", "created": created, "owned_by": "specserve",
@@ -95,8 +133,13 @@ def build_app(engine: AsyncLLMEngine, served_model_names: str | list[str], api_k
 
     @app.get("/health")
     async def health():
+        """200 while the server takes requests; 503 while draining, or when the engine loop has died or
+        hung (its heartbeat is older than --engine-stall-timeout)."""
         if state.draining:
             return error_response(503, "draining")
+        problem = engine.health_problem()
+        if problem is not None:
+            return error_response(503, problem, code="engine_unhealthy")
         return {"status": "ok"}
 
     @app.get("/metrics")

@@ -6,6 +6,7 @@ import os
 
 from specserve.engine.args import add_engine_args
 from specserve.engine.config import SERVER_MAX_NUM_BATCHED_TOKENS
+from specserve.server.limits import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_TIMEOUT_READ_S
 
 # Prompt lookup where it finds a match, the shipped EAGLE draft elsewhere, each request's draft length
 # chosen every step by the adaptive policy, up to 4 (docs/design.md §3.4; bench/adaptive.py compares it
@@ -35,6 +36,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds to let in-flight requests finish after SIGTERM (default 30)")
     g.add_argument("--disable-access-log", action="store_true", help="no per-request log lines")
+    g.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
+                   help="larger request bodies get 413 (default 4 MiB)")
+    g.add_argument("--timeout-read", type=float, default=DEFAULT_TIMEOUT_READ_S,
+                   help="seconds a request's headers may take to arrive (after the connection opens or the "
+                        "previous response ends; then the connection is closed), and its body after them "
+                        "(then 408) (default 15)")
+    g.add_argument("--timeout-keep-alive", type=float, default=5.0,
+                   help="seconds an idle keep-alive connection stays open (default 5)")
+    g.add_argument("--engine-stall-timeout", type=float, default=60.0,
+                   help="/health answers 503 when the engine loop has died or one of its steps has run this "
+                        "many seconds (default 60)")
     p.set_defaults(func=_serve)
 
 
@@ -67,6 +79,9 @@ def _serve(args) -> int:
         raise SpecServeError(f"--max-queue must be >= 0, got {args.max_queue}")
     if args.drain_timeout < 0:
         raise SpecServeError(f"--drain-timeout must be >= 0, got {args.drain_timeout}")
+    for flag in ("max_request_bytes", "timeout_read", "timeout_keep_alive", "engine_stall_timeout"):
+        if not getattr(args, flag) > 0:
+            raise SpecServeError(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     import prometheus_client
     # One `_created` timestamp series per counter and histogram is noise for a scraper (vLLM drops them
     # too). Process-wide, so it is switched off here in the server process, not in the library.
@@ -84,10 +99,11 @@ def _serve(args) -> int:
 
         args.speculative_config, why = speculative_choice(args)
         log.info(why)
-        engine = AsyncLLMEngine(engine_config_from_args(args))
+        engine = AsyncLLMEngine(engine_config_from_args(args), stall_timeout=args.engine_stall_timeout)
         app = build_app(engine, args.served_model_name or [args.model], args.api_key or os.environ.get(API_KEY_ENV),
-                        args.max_queue)
-        launch.run(app, engine, sock, args.drain_timeout, access_log=not args.disable_access_log)
+                        args.max_queue, max_request_bytes=args.max_request_bytes, timeout_read=args.timeout_read)
+        launch.run(app, engine, sock, args.drain_timeout, access_log=not args.disable_access_log,
+                   timeout_keep_alive=args.timeout_keep_alive, timeout_read=args.timeout_read)
     finally:
         sock.close()
     return 0

@@ -6,6 +6,7 @@ so every failure, including FastAPI's own 422 and Starlette's 404/405, is rewrit
 """
 from __future__ import annotations
 
+import json
 import logging
 
 from fastapi import FastAPI, Request
@@ -20,14 +21,30 @@ log = logging.getLogger("specserve.server")
 
 # OpenAI's `type` for each status we send.
 ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
-               405: "invalid_request_error", 429: "rate_limit_exceeded", 500: "internal_server_error",
-               503: "service_unavailable"}
+               405: "invalid_request_error", 408: "invalid_request_error", 413: "invalid_request_error",
+               429: "rate_limit_exceeded", 500: "internal_server_error", 503: "service_unavailable"}
+# Seconds a client should wait before retrying (the official client honours Retry-After up to 60 s): a
+# full queue drains within a few decode steps; a draining or unhealthy server needs a restart or another
+# replica.
+RETRY_AFTER_S = {429: 1, 503: 5}
+
+
+class SafeJSONResponse(JSONResponse):
+    """JSON that always renders: a lone surrogate echoed from a request (a model name, a field name in an
+    error) is escaped as \\udXXX instead of failing the UTF-8 encoding with a 500."""
+
+    def render(self, content) -> bytes:
+        try:
+            return super().render(content)
+        except UnicodeEncodeError:
+            return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode()
 
 
 class APIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 headers: dict | None = None):
         super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
+        self.status, self.message, self.param, self.code, self.headers = status, message, param, code, headers
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
@@ -37,7 +54,11 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
 
 def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
                    headers: dict | None = None) -> JSONResponse:
-    return JSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
+    """The error as a response; 429 and 503 carry Retry-After unless `headers` set their own."""
+    headers = dict(headers or {})
+    if status in RETRY_AFTER_S and not any(k.lower() == "retry-after" for k in headers):
+        headers["Retry-After"] = str(RETRY_AFTER_S[status])
+    return SafeJSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
 
 
 def from_exception(exc: BaseException, log_unexpected: bool = True) -> APIError:
@@ -63,6 +84,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     # loc is ("body", "field", ...): name the field the way the client wrote it.
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     param = ".".join(loc) or None
+    if first.get("type") == "lone_surrogate":  # found by a whole-body check, which names the field itself
+        param = first.get("ctx", {}).get("where") or param
     msg = first.get("msg", "invalid value")
     more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
     return (f"{param}: {msg}" if param else msg) + more, param
@@ -71,7 +94,9 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
-        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        headers = dict(exc.headers or {})
+        if exc.status == 401:
+            headers["WWW-Authenticate"] = "Bearer"
         return error_response(exc.status, exc.message, exc.param, exc.code, headers)
 
     @app.exception_handler(SpecServeError)

@@ -4,6 +4,12 @@ Binding first lets `--port 0` pick a free port that the startup line can name, a
 fail before the model loads. uvicorn on its own stops listening at SIGTERM and then re-raises the signal
 once it has shut down (exit status 143); `DrainingServer` instead keeps answering (503 to new generation
 requests, so a load balancer moves on), lets in-flight requests finish up to the drain timeout, and exits 0.
+
+uvicorn closes idle keep-alive connections (`timeout_keep_alive`) but waits forever for the headers of a
+request: a client that opens a connection and sends nothing, or half a request line, holds it
+indefinitely (slowloris). `TimedH11Protocol` closes a connection whose request headers have not all
+arrived `timeout_read` seconds after it opened or after its previous response; the app bounds the time
+the body may take (app._Gate).
 """
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ import time
 from typing import TYPE_CHECKING
 
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from specserve.errors import SpecServeError
 
@@ -45,6 +52,53 @@ def describe(engine: AsyncLLMEngine, url: str) -> str:
     return (f"specserve serving {url}/v1 | model {cfg.model} | {cfg.device} {cfg.dtype} | draft {draft} | "
             f"KV cache {kv} tokens ({sched.blocks.num_blocks} blocks) | max_model_len {engine.engine.max_model_len} | "
             f"max_num_seqs {cfg.max_num_seqs}")
+
+
+class TimedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with a header-read timeout (`header_timeout`, set per server by `timed_protocol`)."""
+    header_timeout: float = 15.0
+
+    def connection_made(self, transport) -> None:
+        self._header_timer = None
+        self._seen_cycle = None  # the request whose headers were last seen complete
+        super().connection_made(transport)
+        self._arm()
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._header_timer = self.loop.call_later(self.header_timeout, self._headers_late)
+
+    def _disarm(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _check_headers(self) -> None:
+        if self.cycle is not None and self.cycle is not self._seen_cycle:  # a new request's headers are in
+            self._seen_cycle = self.cycle
+            self._disarm()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self._check_headers()
+
+    def on_response_complete(self) -> None:
+        self._arm()  # the next request's headers are due; a pipelined one already here disarms it below
+        super().on_response_complete()
+        self._check_headers()
+
+    def connection_lost(self, exc) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _headers_late(self) -> None:
+        self._header_timer = None
+        if not self.transport.is_closing():
+            self.transport.close()
+
+
+def timed_protocol(header_timeout: float) -> type[TimedH11Protocol]:
+    return type("TimedH11Protocol", (TimedH11Protocol,), {"header_timeout": header_timeout})
 
 
 class DrainingServer(uvicorn.Server):
@@ -80,11 +134,13 @@ class DrainingServer(uvicorn.Server):
         return await super().on_tick(counter)
 
 
-def run(app, engine: AsyncLLMEngine, sock: socket.socket, drain_timeout: float, access_log: bool) -> None:
+def run(app, engine: AsyncLLMEngine, sock: socket.socket, drain_timeout: float, access_log: bool,
+        timeout_keep_alive: float = 5, timeout_read: float = 15.0) -> None:
     host, port = sock.getsockname()[:2]
     sock.listen(2048)  # from here connections queue until the loop accepts them, none are refused
     log.info(describe(engine, f"http://{f'[{host}]' if ':' in host else host}:{port}"))
     # After a timed-out drain, uvicorn cuts whatever is still open one second later.
     config = uvicorn.Config(app, lifespan="on", access_log=access_log, timeout_graceful_shutdown=1,
-                            log_level="info")
+                            log_level="info", http=timed_protocol(timeout_read),
+                            timeout_keep_alive=timeout_keep_alive)
     DrainingServer(config, app.state.serving, engine, drain_timeout).run(sockets=[sock])

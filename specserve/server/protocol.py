@@ -2,18 +2,75 @@
 
 Unknown fields are accepted and ignored, as the official client and others send fields we have no use
 for (user, metadata, store, ...). Fields that would change the output and that we cannot honour are
-refused with a 400 naming the field, instead of being silently ignored.
+refused with a 400 naming the field, instead of being silently ignored: our own fields' unsupported
+values, and the known fields of OpenAI's and vLLM's APIs listed in UNSUPPORTED_FIELDS. Numbers are held
+to what the engine can represent (a 64-bit seed, OpenAI's temperature range), and text must be valid
+Unicode: a lone surrogate (JSON allows "\\ud800") cannot be tokenized and is refused with a 400.
 """
 from __future__ import annotations
 
+import re
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
 
 from specserve.engine.sampling_params import SamplingParams
+from specserve.engine.seeding import SEED_MAX, SEED_MIN
 from specserve.server.errors import APIError
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for the legacy completions API
+MAX_TEMPERATURE = 2.0  # OpenAI's range is [0, 2]
+MAX_STOP_STRINGS = 64  # each is searched for after every token: a long list would slow every step
+CHAT_ROLES = ("system", "developer", "user", "assistant")
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _unset(value) -> bool:
+    return value is None or value is False or value == [] or value == {} or value == ""
+
+
+# Fields of OpenAI's or vLLM's APIs that change the output and that this server does not implement, with
+# the values that are harmless (they ask for the default behaviour). Others are refused with a 400.
+_COMMON_UNSUPPORTED = {
+    "min_p": lambda v: _unset(v) or v == 0, "typical_p": lambda v: _unset(v) or v == 1,
+    "length_penalty": lambda v: _unset(v) or v == 1, "use_beam_search": _unset, "prompt_logprobs": _unset,
+    "allowed_token_ids": _unset, "bad_words": _unset, "include_stop_str_in_output": _unset,
+    "truncate_prompt_tokens": _unset, "logits_processors": _unset, "guided_json": _unset,
+    "guided_regex": _unset, "guided_choice": _unset, "guided_grammar": _unset, "structured_outputs": _unset,
+}
+UNSUPPORTED_FIELDS = {
+    "completions": dict(_COMMON_UNSUPPORTED,
+                        response_format=lambda v: _unset(v) or (isinstance(v, dict) and v.get("type") == "text")),
+    "chat": dict(_COMMON_UNSUPPORTED,
+                 functions=_unset,  # the legacy form of tools
+                 function_call=lambda v: _unset(v) or v in ("none", "auto"),
+                 tool_choice=lambda v: _unset(v) or v in ("none", "auto"),
+                 audio=_unset, modalities=lambda v: _unset(v) or v == ["text"], web_search_options=_unset,
+                 echo=_unset, continue_final_message=_unset, chat_template=_unset, chat_template_kwargs=_unset,
+                 documents=_unset),
+}
+
+
+def _find_surrogate(value, path: str) -> str | None:
+    """The path of the first string (or key) in a JSON value holding a lone surrogate, else None."""
+    if isinstance(value, str):
+        return path if _SURROGATE.search(value) else None
+    if isinstance(value, dict):
+        for k, v in value.items():
+            where = f"{path}.{k}" if path else str(k)
+            if isinstance(k, str) and _SURROGATE.search(k):
+                return path or "body"
+            found = _find_surrogate(v, where)
+            if found:
+                return found
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            found = _find_surrogate(v, f"{path}.{i}")
+            if found:
+                return found
+    return None
 
 
 class _Open(BaseModel):
@@ -50,12 +107,14 @@ class ChatMessage(_Open):
 
 
 class _SamplingRequest(_Open):
+    _api = "completions"  # which UNSUPPORTED_FIELDS apply
+
     model: str | None = None          # omitted: the served model
     max_tokens: int | None = None
-    temperature: float | None = None
+    temperature: float | None = Field(None, le=MAX_TEMPERATURE)
     top_p: float | None = None
     n: int | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     stop: str | list[str] | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
@@ -72,6 +131,15 @@ class _SamplingRequest(_Open):
     # specserve's extensions: this request's objectives in milliseconds (docs/design.md §3.5)
     slo_tpot_ms: float | None = None
     slo_ttft_ms: float | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data):
+        where = _find_surrogate(data, "")
+        if where is not None:
+            raise PydanticCustomError("lone_surrogate", "text holds a lone UTF-16 surrogate (such as \\ud800), "
+                                      "which is not valid Unicode", {"where": where})
+        return data
 
     @property
     def include_usage(self) -> bool:
@@ -90,6 +158,12 @@ class _SamplingRequest(_Open):
             raise APIError(400, "logit_bias is not supported", "logit_bias")
         if self.stream_options is not None and not self.stream:
             raise APIError(400, "stream_options is only allowed when stream is true", "stream_options")
+        if isinstance(self.stop, list) and len(self.stop) > MAX_STOP_STRINGS:
+            raise APIError(400, f"at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(self.stop)}", "stop")
+        harmless = UNSUPPORTED_FIELDS[self._api]
+        for name, value in (self.model_extra or {}).items():
+            if name in harmless and not harmless[name](value):
+                raise APIError(400, f"{name} is not supported by this server (omit it, or send its default)", name)
 
     def sampling_params(self, max_tokens: int, logprobs: bool) -> SamplingParams:
         """Raises InvalidRequestError (a 400) for values out of range."""
@@ -140,6 +214,8 @@ class CompletionRequest(_SamplingRequest):
 
 
 class ChatCompletionRequest(_SamplingRequest):
+    _api = "chat"
+
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens
     logprobs: bool | None = False
@@ -159,6 +235,17 @@ class ChatCompletionRequest(_SamplingRequest):
             raise APIError(400, "response_format other than text is not supported", "response_format")
         if not self.messages:
             raise APIError(400, "messages must not be empty", "messages")
+        for i, m in enumerate(self.messages):
+            if m.role in ("tool", "function"):
+                raise APIError(400, f"messages with role {m.role!r} are not supported: this server has no tool "
+                                    "calling", f"messages.{i}.role")
+            if m.role not in CHAT_ROLES:
+                raise APIError(400, f"unknown role {m.role!r}; expected one of {', '.join(CHAT_ROLES)}",
+                               f"messages.{i}.role")
+            for name in ("tool_calls", "function_call"):
+                if not _unset((m.model_extra or {}).get(name)):
+                    raise APIError(400, f"{name} in messages is not supported: this server has no tool calling",
+                                   f"messages.{i}.{name}")
 
     def template_messages(self) -> list[dict]:
         return [m.as_template_input() for m in self.messages]

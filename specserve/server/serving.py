@@ -1,8 +1,10 @@
 """Running one completion or chat request on the engine: a JSON body, or an SSE stream of chunks.
 
-Everything that can be refused (unknown model, unsupported field, prompt too long) is checked before the
-stream starts, so those failures get a real HTTP status. Closing the engine's iterator aborts the request
-and frees its KV blocks; that happens when the client disconnects, mid-stream or while waiting.
+Everything that can be refused (unknown model, unsupported field, full queue, prompt too long) is checked
+before the stream starts, so those failures get a real HTTP status; the cheap checks come first, and
+the prompt is tokenized last, in a worker thread (limits.py), so the event loop never waits on it.
+Closing the engine's iterator aborts the request and frees its KV blocks; that happens when the client
+disconnects, mid-stream or while waiting.
 """
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from specserve.engine.async_engine import AsyncLLMEngine
 from specserve.engine.outputs import RequestOutput
+from specserve.errors import SpecServeError
+from specserve.server import limits
 from specserve.server.errors import APIError, error_body, from_exception
 from specserve.server.protocol import ChatCompletionRequest, CompletionRequest
 
@@ -76,6 +80,17 @@ class _Format:
         return c
 
 
+def _render_chat(tokenizer, messages: list[dict], add_generation_prompt: bool) -> str:
+    """The chat template's text. It sees only what the client sent, so any failure in it is a 400."""
+    try:
+        return tokenizer.apply_chat_template(messages, add_generation_prompt)
+    except SpecServeError:
+        raise
+    except Exception as e:
+        raise APIError(400, f"the chat template cannot render these messages: {type(e).__name__}: {e}",
+                       "messages") from None
+
+
 class Serving:
     def __init__(self, engine: AsyncLLMEngine, model_names: list[str], admit, active: set[str]):
         self.engine = engine
@@ -83,6 +98,7 @@ class Serving:
         self.admit = admit  # raises APIError(429) when the queue is full
         self.active = active  # ids of requests in the engine, for a shutdown that has to abort them
         self.max_model_len = engine.engine.max_model_len
+        self.bound = limits.PromptBound(engine.tokenizer.hf, self.max_model_len)
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name not in self.model_names:
@@ -93,19 +109,29 @@ class Serving:
         self.check_model(req.model)
         req.check_supported()
         params = req.to_sampling_params()
-        ids = self.engine.engine.prepare(req.single_prompt(), params)
+        prompt = req.single_prompt()
+        self.admit()
+        if isinstance(prompt, str):
+            self.bound.check(prompt, params.max_tokens, "prompt")
+            prompt = await limits.encode(self.engine.tokenizer, prompt, add_special_tokens=True)
+        ids = self.engine.engine.prepare(prompt, params)
         return await self._run(_Format(False, self.engine.tokenizer), req, ids, params, raw)
 
     async def chat(self, req: ChatCompletionRequest, raw: Request) -> Response:
         self.check_model(req.model)
         req.check_supported()
-        ids = self.engine.tokenizer.encode_chat(req.template_messages(), req.add_generation_prompt is not False)
+        self.admit()
+        tok = self.engine.tokenizer
+        # The template already writes BOS and special tokens as text (Tokenizer.encode_chat).
+        text = await asyncio.to_thread(_render_chat, tok, req.template_messages(), req.add_generation_prompt is not False)
+        limit = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        self.bound.check(text, limit, "messages")
+        ids = await limits.encode(tok, text, add_special_tokens=False)
         params = req.to_sampling_params(len(ids), self.max_model_len)
         ids = self.engine.engine.prepare(ids, params)
-        return await self._run(_Format(True, self.engine.tokenizer), req, ids, params, raw)
+        return await self._run(_Format(True, tok), req, ids, params, raw)
 
     async def _run(self, fmt: _Format, req, ids, params, raw: Request) -> Response:
-        self.admit()
         rid = fmt.prefix + uuid.uuid4().hex
         head = {"id": rid, "object": fmt.object(req.stream), "created": int(time.time()),
                 "model": req.model or self.model_names[0]}
