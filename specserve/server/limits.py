@@ -1,12 +1,12 @@
 """Limits that keep one request from costing the server more than it may: body size, body read time,
 and a prompt-length bound that refuses a hopeless prompt before tokenizing it.
 
-Tokenizing holds the event loop if done on it (a 2.6 MB prompt took 4 s with SmolLM2's tokenizer, and
-`Tokenizer.encode` keeps the GIL all that time), so prompts are tokenized in a worker thread with
-`encode_batch`, which releases the GIL. Before that, `PromptBound` answers the cheap question: can this
-text possibly fit? Each token of a lossless tokenizer covers at most `max_chars_per_token` characters
-of the input (its longest vocabulary entry), so a text of n characters has at least
-n // max_chars_per_token tokens; when that alone exceeds the context, the request is refused at once.
+Tokenizing holds the event loop if done on it (a 2.6 MB prompt took 4 s with SmolLM2's tokenizer), so
+prompts are tokenized in a worker thread (`Tokenizer.encode` lets go of the GIL meanwhile). Before
+that, `PromptBound` answers the cheap question: can this text possibly fit? Each token of a lossless
+tokenizer covers at most `max_chars_per_token` characters of the input (its longest vocabulary entry),
+so a text of n characters has at least n // max_chars_per_token tokens; when that alone exceeds the
+context, the request is refused at once.
 """
 from __future__ import annotations
 
@@ -80,10 +80,8 @@ class PromptBound:
 
 
 async def encode(tokenizer, text: str, add_special_tokens: bool) -> list[int]:
-    """`tokenizer.encode` in a worker thread, without holding the GIL while the tokenizer works."""
-    def run() -> list[int]:
-        return tokenizer.hf.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
-    return await asyncio.to_thread(run)
+    """`tokenizer.encode` in a worker thread (it releases the GIL while the tokenizer works)."""
+    return await asyncio.to_thread(tokenizer.encode, text, add_special_tokens)
 
 
 class BodyTooLarge(Exception):

@@ -1,0 +1,228 @@
+"""Faults inside the process (issue 47), on a real app and engine in this process: a request the engine
+cannot add, an engine loop that dies or hangs, slow tokenization, a client that leaves mid-stream."""
+import asyncio
+import json
+import random
+import threading
+import time
+
+import httpx
+import pytest
+
+from specserve.engine.async_engine import AsyncLLMEngine, EngineDeadError
+from specserve.engine.config import EngineConfig
+from specserve.engine.sampling_params import SamplingParams
+from specserve.errors import InvalidRequestError
+from specserve.server.app import build_app
+
+TIMEOUT = 60  # a request that hangs fails the test instead of hanging it
+
+
+def make_engine(tiny_target, **kw) -> AsyncLLMEngine:
+    return AsyncLLMEngine(EngineConfig(model=str(tiny_target), dtype="float32", num_kv_blocks=128,
+                                       max_model_len=1024), **kw)
+
+
+@pytest.fixture
+def engine(tiny_target):
+    e = make_engine(tiny_target)
+    yield e
+    e.shutdown()
+
+
+async def collect(engine, prompt, params, rid=None):
+    final = None
+    async for out in engine.generate(prompt, params, rid):
+        final = out
+    return final
+
+
+def client(app) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app, raise_app_exceptions=False),
+                             base_url="http://test", timeout=TIMEOUT)
+
+
+# ---- failure 1 at its root: an exception while adding one request ----------------------------------------
+
+def test_a_request_the_engine_cannot_add_fails_alone(engine):
+    bad = SamplingParams(max_tokens=8, temperature=1.0)
+    bad.seed = 2**70  # past validation, as the unchecked seed of issue 47 was: Sequence() raises
+
+    async def main():
+        good = asyncio.create_task(collect(engine, "still served", SamplingParams(max_tokens=40, temperature=0,
+                                                                                  ignore_eos=True)))
+        with pytest.raises(InvalidRequestError, match="seed"):
+            await asyncio.wait_for(collect(engine, "bad seed", bad), TIMEOUT)
+        done = await asyncio.wait_for(good, TIMEOUT)
+        after = await asyncio.wait_for(collect(engine, "and after", SamplingParams(max_tokens=4)), TIMEOUT)
+        return done, after
+
+    done, after = asyncio.run(main())
+    assert len(done.token_ids) == 40 and after.finished
+    assert engine.health_problem() is None and not engine.engine.requests
+
+
+# ---- the engine loop's liveness is part of /health ---------------------------------------------------------
+
+def test_a_dead_engine_loop_fails_health_its_streams_and_new_requests(engine):
+    app = build_app(engine, "tiny")
+    engine.start()
+
+    async def main():
+        async with client(app) as http:
+            assert (await http.get("/health")).status_code == 200
+            stream = asyncio.create_task(http.post("/v1/completions", json={
+                "prompt": "in flight", "max_tokens": 1000, "ignore_eos": True, "stream": True}))
+            for _ in range(200):
+                if engine.engine.requests:
+                    break
+                await asyncio.sleep(0.02)
+
+            def broken():
+                raise RuntimeError("a bug outside the step guard")
+            engine.engine.has_unfinished = broken  # the loop calls it between steps
+            streamed = await asyncio.wait_for(stream, TIMEOUT)
+            health = await http.get("/health")
+            new = await http.post("/v1/completions", json={"prompt": "too late", "max_tokens": 2})
+            return streamed, health, new
+
+    streamed, health, new = asyncio.run(main())
+    events = [l[6:] for l in streamed.text.splitlines() if l.startswith("data: ")]
+    assert events[-1] == "[DONE]" and "engine loop died" in json.loads(events[-2])["error"]["message"]
+    assert health.status_code == 503 and "engine loop died" in health.json()["error"]["message"]
+    assert health.headers["retry-after"]
+    assert new.status_code == 503 and new.json()["error"]["code"] == "engine_dead" and new.headers["retry-after"]
+
+    async def direct():
+        with pytest.raises(EngineDeadError):
+            await collect(engine, "x", SamplingParams(max_tokens=2))
+    asyncio.run(direct())
+
+
+def test_a_hung_step_fails_health_until_the_loop_advances(tiny_target):
+    engine = make_engine(tiny_target, stall_timeout=0.5)
+    app = build_app(engine, "tiny")
+    engine.start()
+    real_step, hung = engine.engine.step, threading.Event()
+
+    def step():
+        if not hung.is_set():
+            hung.set()
+            time.sleep(3)  # one step that hangs for a while
+        return real_step()
+    engine.engine.step = step
+
+    async def main():
+        async with client(app) as http:
+            assert (await http.get("/health")).status_code == 200
+            request = asyncio.create_task(http.post("/v1/completions", json={"prompt": "hang", "max_tokens": 4}))
+            while not hung.is_set():
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(1.0)
+            during = await http.get("/health")
+            done = await request
+            after = await http.get("/health")
+            return during, done, after
+
+    try:
+        during, done, after = asyncio.run(main())
+    finally:
+        engine.shutdown()
+    assert during.status_code == 503 and "has not advanced" in during.json()["error"]["message"]
+    assert done.status_code == 200 and after.status_code == 200
+
+
+# ---- failure 3: tokenization off the event loop -------------------------------------------------------------
+
+def test_tokenization_does_not_block_the_event_loop(engine, monkeypatch):
+    app = build_app(engine, "tiny")
+    engine.start()
+    real_encode = engine.tokenizer.encode
+
+    def slow_encode(*args, **kwargs):
+        time.sleep(1.5)  # a large prompt: the thread that tokenizes is busy
+        return real_encode(*args, **kwargs)
+    monkeypatch.setattr(engine.tokenizer, "encode", slow_encode)
+
+    async def main():
+        async with client(app) as http:
+            request = asyncio.create_task(http.post("/v1/completions", json={"prompt": "slow", "max_tokens": 2}))
+            await asyncio.sleep(0.2)
+            t0 = time.monotonic()
+            health = await http.get("/health")
+            waited = time.monotonic() - t0
+            return await request, health, waited
+
+    done, health, waited = asyncio.run(main())
+    assert done.status_code == 200 and health.status_code == 200
+    assert waited < 0.75, f"/health waited {waited:.2f} s for the tokenizer"
+
+
+def test_a_hopeless_prompt_is_refused_before_tokenizing(engine, monkeypatch):
+    app = build_app(engine, "tiny")
+    calls = []
+    real_encode = engine.tokenizer.encode
+    monkeypatch.setattr(engine.tokenizer, "encode", lambda *a, **k: calls.append(len(a[0])) or real_encode(*a, **k))
+
+    async def main():
+        async with client(app) as http:
+            long = await http.post("/v1/completions", json={"prompt": "z" * 1_000_000, "max_tokens": 4})
+            fits = await http.post("/v1/completions", json={"prompt": "z" * 900, "max_tokens": 4})
+            return long, fits
+
+    long, fits = asyncio.run(main())
+    assert long.status_code == 400 and "at least 250000 tokens" in long.json()["error"]["message"]
+    assert calls == [900] and fits.status_code == 200
+
+
+def test_tokenizer_encode_releases_the_gil(tiny_target):
+    from specserve.model.tokenizer import Tokenizer
+    tok = Tokenizer.from_dir(tiny_target)
+    rng = random.Random(0)
+    text = " ".join("".join(rng.choice("abcdefghij") for _ in range(rng.randint(2, 9))) for _ in range(60_000))
+    result, gaps = {}, []
+
+    def work():
+        t = time.perf_counter()
+        result["ids"] = tok.encode(text)
+        result["s"] = time.perf_counter() - t
+    worker = threading.Thread(target=work)
+    last = time.perf_counter()
+    worker.start()
+    while worker.is_alive():
+        time.sleep(0.001)
+        now = time.perf_counter()
+        gaps.append(now - last)
+        last = now
+    assert result["ids"] == tok.hf.encode(text).ids
+    # holding the GIL, the tokenizer would stop this thread for all of its run; allow scheduling noise
+    assert max(gaps) < max(0.25, 0.5 * result["s"]), (max(gaps), result["s"])
+
+
+# ---- client faults: a disconnect frees the request's KV within one step --------------------------------------
+
+def test_a_closed_stream_frees_its_kv_within_one_step(engine):
+    steps = []
+    engine.step_listeners.append(lambda stats: steps.append(stats))
+
+    async def main():
+        other = asyncio.create_task(collect(engine, "keeps going", SamplingParams(max_tokens=300, temperature=0,
+                                                                                  ignore_eos=True)))
+        gen = engine.generate("leaves early", SamplingParams(max_tokens=1000, ignore_eos=True, temperature=0), "gone")
+        for _ in range(5):
+            await gen.__anext__()
+        seq = engine.engine.requests["gone"]
+        held = list(seq.block_table)
+        await gen.aclose()  # what the server does when the client disconnects
+        closed_at = len(steps)
+        while "gone" in engine.engine.requests:
+            await asyncio.sleep(0.001)
+        freed_at = len(steps)
+        table_after = list(seq.block_table)
+        await asyncio.wait_for(other, TIMEOUT)
+        return closed_at, freed_at, held, table_after
+
+    closed_at, freed_at, held, table_after = asyncio.run(main())
+    # the abort is taken up as soon as the step in progress when the client left has finished
+    assert freed_at - closed_at <= 1, (closed_at, freed_at)
+    assert held and table_after == []  # its blocks went back to the free list
