@@ -7,7 +7,7 @@ requests, so a load balancer moves on), lets in-flight requests finish up to the
 
 uvicorn closes idle keep-alive connections (`timeout_keep_alive`) but waits forever for the headers of a
 request: a client that opens a connection and sends nothing, or half a request line, holds it
-indefinitely (slowloris). `TimedH11Protocol` closes a connection whose request headers have not all
+indefinitely (slowloris). `timed_protocol` closes a connection whose request headers have not all
 arrived `timeout_read` seconds after it opened or after its previous response; the app bounds the time
 the body may take (app._Gate).
 """
@@ -19,7 +19,7 @@ import time
 from typing import TYPE_CHECKING
 
 import uvicorn
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from specserve.errors import SpecServeError
 
@@ -54,13 +54,14 @@ def describe(engine: AsyncLLMEngine, url: str) -> str:
             f"max_num_seqs {cfg.max_num_seqs}")
 
 
-class TimedH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol with a header-read timeout (`header_timeout`, set per server by `timed_protocol`)."""
+class _HeaderTimeout:
+    """Mixed into uvicorn's HTTP protocol (httptools or h11, whichever uvicorn picks): close a connection
+    whose request headers are not all in `header_timeout` seconds after it opened or after its previous
+    response. Both protocols make a new `cycle` once a request's headers are complete."""
     header_timeout: float = 15.0
 
     def connection_made(self, transport) -> None:
         self._header_timer = None
-        self._seen_cycle = None  # the request whose headers were last seen complete
         super().connection_made(transport)
         self._arm()
 
@@ -73,19 +74,16 @@ class TimedH11Protocol(H11Protocol):
             self._header_timer.cancel()
             self._header_timer = None
 
-    def _check_headers(self) -> None:
-        if self.cycle is not None and self.cycle is not self._seen_cycle:  # a new request's headers are in
-            self._seen_cycle = self.cycle
+    def data_received(self, data: bytes) -> None:
+        cycle = self.cycle
+        super().data_received(data)
+        if self.cycle is not cycle:  # a new request's headers are in
             self._disarm()
 
-    def data_received(self, data: bytes) -> None:
-        super().data_received(data)
-        self._check_headers()
-
     def on_response_complete(self) -> None:
-        self._arm()  # the next request's headers are due; a pipelined one already here disarms it below
         super().on_response_complete()
-        self._check_headers()
+        if self.cycle is None or self.cycle.response_complete:  # no pipelined request already under way
+            self._arm()
 
     def connection_lost(self, exc) -> None:
         self._disarm()
@@ -97,8 +95,9 @@ class TimedH11Protocol(H11Protocol):
             self.transport.close()
 
 
-def timed_protocol(header_timeout: float) -> type[TimedH11Protocol]:
-    return type("TimedH11Protocol", (TimedH11Protocol,), {"header_timeout": header_timeout})
+def timed_protocol(header_timeout: float) -> type:
+    """uvicorn's own choice of HTTP protocol, with a header-read timeout."""
+    return type("TimedHTTPProtocol", (_HeaderTimeout, AutoHTTPProtocol), {"header_timeout": header_timeout})
 
 
 class DrainingServer(uvicorn.Server):
