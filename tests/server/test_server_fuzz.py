@@ -11,12 +11,11 @@ import json
 import os
 
 import pytest
+import schemathesis
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from tests.server.conftest import ServerProcess, tiny_args
-
-schemathesis = pytest.importorskip("schemathesis")
 
 MIN_CASES = 1000
 # Generation requests take most of the cases: they are where the input space is.

@@ -71,6 +71,7 @@ def test_sigterm_drains_in_flight_requests_refuses_new_ones_and_exits_0(tiny_tar
                     break
                 await asyncio.sleep(0.05)
             assert refused.status_code == 503 and refused.json()["error"]["type"] == "service_unavailable"
+            assert int(refused.headers["retry-after"]) >= 1
             assert (await http.get(server.root + "/health")).status_code == 503
         return await asyncio.gather(*streams)
 
