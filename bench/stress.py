@@ -5,7 +5,8 @@ The server must shed what it cannot serve instead of slowing down or growing: `/
 gets 429 with Retry-After, and a lone request is as fast afterwards as before.
 
 Phases: warm-up; a lone request's latency (median of 5); saturation, as the completion rate of a closed
-loop holding `max_num_seqs + max_queue` requests (all the server admits) for --saturation-s; overload,
+loop holding `max_num_seqs + max_queue` requests (all the server admits) for --saturation-s and at least
+until twice that many have completed (a slow machine needs longer); overload,
 arrivals at --factor x that rate (Poisson) for --duration-s, each a streamed completion of --max-tokens
 tokens (ignore_eos, so "all its tokens" is exact); a lone request's latency again. /health is probed every
 100 ms from a separate process (so the load generator's own event loop does not inflate it), and the
@@ -143,13 +144,14 @@ async def run(args, root: str, pid: int) -> dict:
         print(f"lone request: {lone_before:.2f} s", flush=True)
 
         capacity = args.max_num_seqs + args.max_queue
-        print(f"saturation: closed loop of {capacity} requests for {args.saturation_s:.0f} s ...", flush=True)
+        print(f"saturation: closed loop of {capacity} requests for {args.saturation_s:.0f} s and at least "
+              f"{2 * capacity} completions ...", flush=True)
         done, t_end = [], time.time() + args.saturation_s
         t0 = time.time()
 
         async def worker(k):
             i = k
-            while time.time() < t_end:
+            while time.time() < t_end or len(done) < 2 * capacity:
                 done.append(await one(http, url, body(args, i)))
                 i += capacity
         await asyncio.gather(*(worker(k) for k in range(capacity)))
@@ -282,7 +284,9 @@ def main() -> None:
         code = proc.wait(60)
     log = log_path.read_text(errors="replace")
     startup = next((l for l in log.splitlines() if "specserve serving" in l), "")
-    result.update(config=vars(args), server_exit_code=code, server_line=startup.split("specserve: ", 1)[-1],
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=Path(__file__).parent).stdout.strip()
+    result.update(config=vars(args), commit=commit, server_exit_code=code, server_line=startup.split("specserve: ", 1)[-1],
                   traceback_in_log="Traceback" in log, cpus=os.cpu_count(), loadavg_before=load_before,
                   date=datetime.datetime.now().isoformat(timespec="seconds"))
     result["checks"]["server exited 0, no traceback"] = code == 0 and not result["traceback_in_log"]
