@@ -5,7 +5,8 @@ responsive while a step runs. All engine state is touched only by the step threa
 through a command queue, and outputs come back through `loop.call_soon_threadsafe`.
 
 A request that cannot be added (a bad seed that slipped past validation, anything) fails alone: the
-exception goes to that request's stream and the loop goes on. The loop's liveness is observable: it
+exception goes to that request's stream and the loop goes on. A step that fails is retried once without
+its newest request (`_recover`) before anything else in flight is failed. The loop's liveness is observable: it
 stamps a heartbeat on every iteration (at least every 0.5 s when idle), and `health_problem()` names a
 loop that died or whose current iteration has run longer than `stall_timeout` (a hung step).
 """
@@ -51,6 +52,7 @@ class AsyncLLMEngine:
         self.stall_timeout = stall_timeout
         self._heartbeat = time.monotonic()  # when the loop last began an iteration
         self._died: BaseException | None = None  # what ended the loop, if something did
+        self._recovering = False  # the last step failed and its suspect was removed
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -204,19 +206,33 @@ class AsyncLLMEngine:
                 continue
             try:
                 outputs = engine.step()
-            except Exception as e:  # a bug must not hang clients: fail what is in flight, keep serving
+            except Exception as e:  # a bug must not hang clients: fail as little as possible, keep serving
                 log.exception("engine step failed")
-                for rid in list(engine.requests):
-                    engine.abort(rid)
-                    self._deliver(rid, EngineDeadError(f"engine step failed: {e}"))
-                engine.step()  # flush the aborts
+                self._recover(e)
                 continue
+            self._recovering = False
             for listener in self.step_listeners:
                 listener(engine.last_stats)
             for out in outputs:
                 for listener in self.output_listeners:
                     listener(out)
                 self._deliver(out.request_id, out)
+
+    def _recover(self, error: Exception) -> None:
+        """After a failed step. The newest request of the batch is the suspect (new traffic is what changed):
+        the first time, only it fails, and the others are recomputed from their tokens (a failed step may
+        have left draft caches half-written) and go on. If the next step fails too, the fault was not the
+        suspect's: everything in flight fails."""
+        engine = self.engine
+        suspect = engine.newest_running()
+        if suspect is not None and not self._recovering:
+            self._recovering, failed = True, [suspect]
+            engine.recompute_all()
+        else:
+            failed = list(engine.requests)
+        for rid in failed:
+            engine.abort(rid)  # its abort output comes with the next step, after the error below
+            self._deliver(rid, EngineDeadError(f"engine step failed: {error}"))
 
     def _deliver(self, request_id: str, item) -> None:
         target = self._streams.get(request_id)

@@ -139,6 +139,16 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return bool(self.requests) or bool(self._aborted)
 
+    def newest_running(self) -> str | None:
+        """The request admitted last (preemption's victim, and the suspect when a step fails)."""
+        return self.scheduler.running[-1].request_id if self.scheduler.running else None
+
+    def recompute_all(self) -> None:
+        """Preempt every running request: each is recomputed from its tokens, so whatever a failed step left
+        half-written (KV rows, draft caches, EAGLE features) is rebuilt."""
+        for seq in list(self.scheduler.running):
+            self.scheduler.preempt(seq)
+
     @property
     def num_running(self) -> int:
         return len(self.scheduler.running)

@@ -83,7 +83,7 @@ class Scheduler:
                 continue
             while not self.blocks.can_grow(seq.block_table, seq.num_computed + 1):
                 victim = next(s for s in reversed(self.running) if id(s) not in scheduled)
-                self._preempt(victim, plan)
+                self.preempt(victim, plan)
                 if victim is seq:
                     break
             if seq.status != Status.RUNNING:
@@ -156,7 +156,7 @@ class Scheduler:
                 chunk = min(chunk, room - seq.num_computed)
                 if chunk < 1:
                     if plan.is_empty:  # nothing else can run: free room, or this loops forever
-                        self._preempt(self.running[-1], plan)
+                        self.preempt(self.running[-1], plan)
                     break
             elif not self.blocks.can_grow(seq.block_table, seq.num_computed + chunk):
                 break  # new requests wait rather than preempt admitted ones
@@ -170,7 +170,7 @@ class Scheduler:
             plan.prefills.append(ScheduledSeq(seq, chunk))
             budget -= chunk
 
-    def _preempt(self, seq: Sequence, plan: StepPlan) -> None:
+    def preempt(self, seq: Sequence, plan: StepPlan | None = None) -> None:
         """Recompute-style preemption: drop the KV, keep the tokens, requeue at the front."""
         self.running.remove(seq)
         self.blocks.free(seq.block_table)
@@ -178,9 +178,10 @@ class Scheduler:
         seq.status = Status.WAITING
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
-        plan.preempted.append(seq)
-        plan.prefills = [s for s in plan.prefills if s.seq is not seq]
-        plan.decodes = [s for s in plan.decodes if s.seq is not seq]
+        if plan is not None:
+            plan.preempted.append(seq)
+            plan.prefills = [s for s in plan.prefills if s.seq is not seq]
+            plan.decodes = [s for s in plan.decodes if s.seq is not seq]
 
     # ---- update ----------------------------------------------------------------------------------
     def update(self, plan: StepPlan, result: StepResult, tokenizer) -> list[tuple[Sequence, list[int], list | None]]:

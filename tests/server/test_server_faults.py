@@ -226,3 +226,58 @@ def test_a_closed_stream_frees_its_kv_within_one_step(engine):
     # the abort is taken up as soon as the step in progress when the client left has finished
     assert freed_at - closed_at <= 1, (closed_at, freed_at)
     assert held and table_after == []  # its blocks went back to the free list
+
+
+# ---- a step that fails: retried once without its newest request ---------------------------------------------
+
+def test_a_failing_step_fails_only_its_newest_request_and_the_rest_stay_identical(tiny_target):
+    """A request whose presence makes the step raise (a numerical fault in its rows, say): it alone fails;
+    the others are recomputed and finish with exactly the tokens a clean run gives them."""
+    greedy = SamplingParams(max_tokens=400, temperature=0, ignore_eos=True)
+    clean = make_engine(tiny_target)
+
+    async def reference():
+        return await asyncio.wait_for(asyncio.gather(*(collect(clean, f"p{i}", greedy) for i in range(3))), TIMEOUT)
+    try:
+        want = asyncio.run(reference())
+    finally:
+        clean.shutdown()
+    engine = make_engine(tiny_target)
+    execute = engine.engine.executor.execute
+
+    def faulty(plan):
+        if any(s.seq.request_id == "poison" for s in plan.decodes + plan.prefills):
+            raise FloatingPointError("NaN in the rows of one request")
+        return execute(plan)
+    engine.engine.executor.execute = faulty
+
+    async def main():
+        good = [asyncio.create_task(collect(engine, f"p{i}", greedy)) for i in range(3)]
+        await asyncio.sleep(0.2)  # the three are running when the poisoned request arrives
+        with pytest.raises(EngineDeadError, match="NaN"):
+            await asyncio.wait_for(collect(engine, "poison", greedy, "poison"), TIMEOUT)
+        return await asyncio.wait_for(asyncio.gather(*good), TIMEOUT)
+
+    try:
+        got = asyncio.run(main())
+    finally:
+        engine.shutdown()
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert all(o.finish_reason == "length" for o in got)
+    assert engine.engine.scheduler.num_preemptions >= 3  # they were running, and were recomputed
+
+
+def test_a_step_that_fails_without_its_suspect_too_fails_everything_in_flight(tiny_target):
+    engine = make_engine(tiny_target)
+    engine.engine.executor.execute = lambda plan: (_ for _ in ()).throw(RuntimeError("broken kernel"))
+
+    async def main():
+        runs = [collect(engine, f"p{i}", SamplingParams(max_tokens=8)) for i in range(3)]
+        return await asyncio.wait_for(asyncio.gather(*runs, return_exceptions=True), TIMEOUT)
+
+    try:
+        results = asyncio.run(main())
+    finally:
+        engine.shutdown()
+    assert all(isinstance(r, EngineDeadError) and "broken kernel" in str(r) for r in results)
+    assert not engine.engine.has_unfinished()
