@@ -1,14 +1,16 @@
-"""AsyncLLMEngine: the engine's step loop on a background thread, one async output stream per request.
+"""AsyncLLMEngine: the engine behind the server, one async output stream per request.
 
-torch releases the GIL inside its kernels, so the asyncio loop (HTTP handling, streaming) stays
-responsive while a step runs. All engine state is touched only by the step thread; callers talk to it
-through a command queue, and outputs come back through `loop.call_soon_threadsafe`.
+The engine runs its step loop (engine/engine_loop.py) either on a thread of this process or, with
+`process=True` (what `specserve serve` does, as vLLM's EngineCore), in a process of its own: then the
+HTTP side (asyncio, SSE framing, JSON, tokenization) never holds the GIL or a core's time slice that the
+step loop is waiting for. Either way callers talk to it through a command queue, and its messages come
+back to one receiving thread here, which hands each request's outputs to its stream
+(`loop.call_soon_threadsafe`) and runs the metrics listeners.
 
-A request that cannot be added (a bad seed that slipped past validation, anything) fails alone: the
-exception goes to that request's stream and the loop goes on. A step that fails is retried once without
-its newest request (`_recover`) before anything else in flight is failed. The loop's liveness is observable: it
-stamps a heartbeat on every iteration (at least every 0.5 s when idle), and `health_problem()` names a
-loop that died or whose current iteration has run longer than `stall_timeout` (a hung step).
+A request that cannot be added fails alone; a failed step is retried without its newest request first
+(engine_loop.py). The loop's liveness is observable: any message it sends is a heartbeat (at least every
+0.5 s when idle), and `health_problem()` names a loop that died or whose current step has run longer than
+`stall_timeout` (a hung step).
 """
 from __future__ import annotations
 
@@ -21,58 +23,84 @@ import time
 from typing import AsyncIterator, Callable
 
 from specserve.engine.config import EngineConfig
-from specserve.engine.llm_engine import LLMEngine
+from specserve.engine.engine_loop import EngineDeadError, EngineLoop, Gauges, start_engine_process
+from specserve.engine.inputs import InputProcessor
 from specserve.engine.outputs import RequestOutput, StepStats
 from specserve.engine.sampling_params import SamplingParams
+from specserve.errors import SpecServeError
 
 log = logging.getLogger("specserve.engine")
 
-
-class EngineDeadError(RuntimeError):
-    pass
-
-
-IDLE_WAIT_S = 0.5  # the longest the loop sleeps between heartbeats while there is nothing to do
+__all__ = ["AsyncLLMEngine", "EngineDeadError"]
 DEFAULT_STALL_TIMEOUT_S = 60.0
+READY_TIMEOUT_S = 3600.0  # an engine process loading (and fetching, converting, profiling) its model
 
 
 class AsyncLLMEngine:
-    def __init__(self, config: EngineConfig | None = None, engine: LLMEngine | None = None,
-                 stall_timeout: float = DEFAULT_STALL_TIMEOUT_S):
-        self.engine = engine or LLMEngine(config or EngineConfig())
-        self.tokenizer = self.engine.tokenizer
-        self._commands: queue.SimpleQueue = queue.SimpleQueue()
-        self._wake = threading.Event()
+    def __init__(self, config: EngineConfig | None = None, engine=None,
+                 stall_timeout: float = DEFAULT_STALL_TIMEOUT_S, process: bool = False):
+        """Give a config (the engine is built here, or in its own process with `process=True`) or a built
+        LLMEngine (run on a thread)."""
+        self.engine = None  # the LLMEngine, when it lives in this process (None with process=True)
+        self._process = None
+        if process:
+            if engine is not None:
+                raise ValueError("an engine built here cannot run in another process")
+            self._process, self._commands, self._messages = start_engine_process(config or EngineConfig())
+        else:
+            from specserve.engine.llm_engine import LLMEngine
+            self.engine = engine or LLMEngine(config or EngineConfig())
+            self._commands = queue.SimpleQueue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._ids = itertools.count()
-        self._stop = False
         self._thread: threading.Thread | None = None
-        self.step_listeners: list[Callable[[StepStats], None]] = []  # called on the step thread
+        self.step_listeners: list[Callable[[StepStats], None]] = []  # called on the receiving thread
         self.output_listeners: list[Callable[[RequestOutput], None]] = []
         self.stall_timeout = stall_timeout
-        self._heartbeat = time.monotonic()  # when the loop last began an iteration
-        self._died: BaseException | None = None  # what ended the loop, if something did
-        self._recovering = False  # the last step failed and its suspect was removed
+        self._heartbeat = time.monotonic()  # when the loop last said something
+        self._died: str | None = None       # why the loop ended, if it did
+        self.gauges = Gauges(0, 0.0, None, None)
+        self.info = self.engine.info() if self.engine is not None else self._wait_ready()
+        self.tokenizer = self.info.tokenizer
+        self.inputs = InputProcessor(self.tokenizer, self.info.vocab_size, self.info.max_model_len)
+
+    def _wait_ready(self):
+        kind, *payload = self._messages.get(timeout=READY_TIMEOUT_S)
+        if kind != "ready":
+            self._process.join(timeout=10)
+            raise SpecServeError(payload[0])
+        return payload[0]
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="specserve-engine", daemon=True)
-            self._thread.start()
+        if self._thread is not None:
+            return
+        if self._process is None:  # the loop runs here, on its own thread, and delivers as it goes
+            loop = EngineLoop(self.engine, self._commands, self._receive)
+            self._thread = threading.Thread(target=loop.run, name="specserve-engine", daemon=True)
+        else:
+            self._thread = threading.Thread(target=self._receive_from_process, name="specserve-engine-io",
+                                            daemon=True)
+        self._thread.start()
 
     def shutdown(self) -> None:
-        self._stop = True
-        self._wake.set()
+        self._commands.put(("stop", None))
         if self._thread is not None:
             self._thread.join(timeout=30)
             self._thread = None
+        if self._process is not None:
+            self._process.join(timeout=30)
+            if self._process.is_alive():
+                self._process.terminate()
 
     @property
     def dead(self) -> str | None:
         """Why the step loop can take no more requests, if it died; else None (a loop not started yet
         starts with the first request)."""
         if self._died is not None:
-            return f"the engine loop died: {type(self._died).__name__}: {self._died}"
+            return self._died
+        if self._process is not None and not self._process.is_alive():
+            return f"the engine process exited ({self._process.exitcode})"
         thread = self._thread
         if thread is not None and not thread.is_alive():
             return "the engine loop is not running"
@@ -84,46 +112,52 @@ class AsyncLLMEngine:
         if dead is not None:
             return dead
         stalled = time.monotonic() - self._heartbeat
-        if stalled > self.stall_timeout:
+        if self._thread is not None and stalled > self.stall_timeout:
             return f"the engine loop has not advanced for {stalled:.0f} s (a step is hung)"
         return None
 
+    # ---- state, as of the engine's last step ---------------------------------------------------------
     @property
     def num_requests(self) -> int:
         return len(self._streams)
 
-    # Read from the event loop while the step thread runs: each is one read of state the step thread
-    # owns, atomic under the GIL, so a scrape sees a consistent (if momentary) value.
     @property
     def num_running(self) -> int:
         """Requests holding a batch slot."""
-        return self.engine.num_running
-
-    @property
-    def kv_usage(self) -> float:
-        return self.engine.kv_usage
-
-    @property
-    def draft_names(self) -> list[str]:
-        return self.engine.draft_names
-
-    @property
-    def policy_name(self) -> str | None:
-        return self.engine.policy.name if self.engine.policy is not None else None
-
-    @property
-    def cost_model_error(self) -> float | None:
-        models = self.engine.models
-        return models.cost.relative_error if models.has_cost and models.cost.observed else None
-
-    @property
-    def calibration_error(self) -> float | None:
-        return self.engine.models.acceptance.calibration_error
+        return self.gauges.num_running
 
     @property
     def num_waiting(self) -> int:
-        """Requests not yet admitted: queued in the scheduler, or sent and not yet picked up by the step thread."""
+        """Requests not yet admitted: queued in the scheduler, or sent and not yet picked up by the loop."""
         return max(0, self.num_requests - self.num_running)
+
+    @property
+    def kv_usage(self) -> float:
+        return self.gauges.kv_usage
+
+    @property
+    def cost_model_error(self) -> float | None:
+        return self.gauges.cost_model_error
+
+    @property
+    def calibration_error(self) -> float | None:
+        return self.gauges.calibration_error
+
+    @property
+    def draft_names(self) -> list[str]:
+        return self.info.draft_names
+
+    @property
+    def policy_name(self) -> str | None:
+        return self.info.policy_name
+
+    @property
+    def max_model_len(self) -> int:
+        return self.info.max_model_len
+
+    def prepare(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
+        """Tokenize and validate a request (raises InvalidRequestError); safe from any thread."""
+        return self.inputs.prepare(prompt, params)
 
     # ---- requests -------------------------------------------------------------------------------
     async def generate(self, prompt: str | list[int], params: SamplingParams,
@@ -132,14 +166,13 @@ class AsyncLLMEngine:
         cancelling the iterator aborts the request and frees its KV cache."""
         self.start()
         request_id = request_id or f"req-{next(self._ids)}"
-        ids = self.engine.prepare(prompt, params)  # raises InvalidRequestError here, in the caller
+        ids = self.prepare(prompt, params)  # raises InvalidRequestError here, in the caller
         stream: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = (asyncio.get_running_loop(), stream)
-        if self._died is not None:  # checked after registering: a dying loop fails every stream it sees
+        if self.dead is not None:  # checked after registering: a dying loop fails every stream it sees
             self._streams.pop(request_id, None)
             raise EngineDeadError(self.dead)
         self._commands.put(("add", (prompt, params, request_id, time.monotonic(), ids)))
-        self._wake.set()
         finished = False
         try:
             while True:
@@ -157,82 +190,40 @@ class AsyncLLMEngine:
 
     def abort(self, request_id: str) -> None:
         self._commands.put(("abort", request_id))
-        self._wake.set()
 
-    # ---- the step thread ------------------------------------------------------------------------
-    def _loop(self) -> None:
-        try:
-            self._run()
-        except BaseException as e:  # a bug outside the step guard: say so everywhere rather than hang
-            self._died = e
-            log.critical("the engine loop died; /health now fails", exc_info=e)
-            for rid in list(self._streams):
-                self._deliver(rid, EngineDeadError(f"the engine loop died: {e}"))
-
-    def _command(self, kind: str, arg) -> None:
-        """One command from the event loop. A failure belongs to that request alone: its stream gets the
-        exception (InvalidRequestError becomes a 400, anything else a 500) and the loop goes on."""
-        engine = self.engine
-        if kind == "add":
-            prompt, params, rid, arrival, ids = arg
-            if rid not in self._streams:  # already cancelled by its caller
+    # ---- messages from the loop ------------------------------------------------------------------
+    def _receive_from_process(self) -> None:
+        while True:
+            try:
+                message = self._messages.get(timeout=1.0)
+            except queue.Empty:
+                if self._process.is_alive():
+                    continue
+                message = ("died", f"the engine process exited ({self._process.exitcode})")
+            except (EOFError, OSError):
+                message = ("died", "the engine process is gone")
+            self._receive(message)
+            if message[0] == "died" or (message[0] == "heartbeat" and not self._process.is_alive()):
                 return
-            try:
-                engine.add_request(prompt, params, rid, arrival, prompt_token_ids=ids)
-            except Exception as e:
-                log.warning("request %s could not be added: %s: %s", rid, type(e).__name__, e)
-                if rid in engine.requests:  # half added: take it out again
-                    engine.abort(rid)
-                self._deliver(rid, e)
-        else:
-            try:
-                engine.abort(arg)
-            except Exception:
-                log.exception("aborting request %s failed", arg)
 
-    def _run(self) -> None:
-        engine = self.engine
-        while not self._stop:
-            self._heartbeat = time.monotonic()
-            while True:
-                try:
-                    kind, arg = self._commands.get_nowait()
-                except queue.Empty:
-                    break
-                self._command(kind, arg)
-            if not engine.has_unfinished():
-                self._wake.wait(timeout=IDLE_WAIT_S)
-                self._wake.clear()
-                continue
-            try:
-                outputs = engine.step()
-            except Exception as e:  # a bug must not hang clients: fail as little as possible, keep serving
-                log.exception("engine step failed")
-                self._recover(e)
-                continue
-            self._recovering = False
+    def _receive(self, message) -> None:
+        self._heartbeat = time.monotonic()
+        kind = message[0]
+        if kind == "step":
+            _, outputs, stats, self.gauges = message
             for listener in self.step_listeners:
-                listener(engine.last_stats)
+                listener(stats)
             for out in outputs:
                 for listener in self.output_listeners:
                     listener(out)
                 self._deliver(out.request_id, out)
-
-    def _recover(self, error: Exception) -> None:
-        """After a failed step. The newest request of the batch is the suspect (new traffic is what changed):
-        the first time, only it fails, and the others are recomputed from their tokens (a failed step may
-        have left draft caches half-written) and go on. If the next step fails too, the fault was not the
-        suspect's: everything in flight fails."""
-        engine = self.engine
-        suspect = engine.newest_running()
-        if suspect is not None and not self._recovering:
-            self._recovering, failed = True, [suspect]
-            engine.recompute_all()
-        else:
-            failed = list(engine.requests)
-        for rid in failed:
-            engine.abort(rid)  # its abort output comes with the next step, after the error below
-            self._deliver(rid, EngineDeadError(f"engine step failed: {error}"))
+        elif kind == "failed":
+            self._deliver(message[1], message[2])
+        elif kind == "died":
+            self._died = message[1]
+            log.critical("%s; /health now fails", self._died)
+            for rid in list(self._streams):
+                self._deliver(rid, EngineDeadError(self._died))
 
     def _deliver(self, request_id: str, item) -> None:
         target = self._streams.get(request_id)

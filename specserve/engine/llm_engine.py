@@ -18,6 +18,7 @@ from specserve.batch import DraftOutcome, StepFeedback, StepPlan, StepResult
 from specserve.engine.block_manager import BlockManager
 from specserve.engine.config import EngineConfig
 from specserve.engine.executor import Executor
+from specserve.engine.inputs import InputProcessor
 from specserve.engine.model_runner import ModelRunner, available_memory_bytes, kv_bytes_per_block
 from specserve.engine.outputs import RequestOutput, StepStats
 from specserve.engine.sampling_params import SamplingParams
@@ -25,12 +26,25 @@ from specserve.engine.scheduler import Scheduler
 from specserve.engine.sequence import Sequence, Status
 from specserve.errors import InvalidRequestError, SpecServeError
 from specserve.model.loader import load_model
-from specserve.spec.policies import make_policy
 from specserve.spec.cost_model import StepCostModel
 from specserve.spec.models import SpeculationModels
+from specserve.spec.policies import make_policy
 from specserve.spec.setup import build_proposer, draft_runners, load_drafts
 
 GiB = 1 << 30
+
+
+@dataclasses.dataclass(slots=True)
+class EngineInfo:
+    """What a client of the engine (the server, possibly in another process) needs to know of it."""
+    config: EngineConfig
+    max_model_len: int
+    vocab_size: int
+    num_kv_blocks: int
+    tokenizer: object
+    draft_names: list[str]
+    policy_name: str | None
+    max_drafts: int
 
 
 def profile_step_costs(runner, proposer, config: EngineConfig, target, drafts) -> StepCostModel:
@@ -82,6 +96,7 @@ class LLMEngine:
         self.scheduler = Scheduler(BlockManager(num_blocks, config.block_size), config.max_num_seqs,
                                    config.max_num_batched_tokens, self.max_model_len, k,
                                    step_time=self.models.step_time)
+        self.inputs = InputProcessor(self.tokenizer, target.config.vocab_size, self.max_model_len)
         self.requests: dict[str, Sequence] = {}
         self._aborted: list[Sequence] = []
         self._ids = itertools.count()
@@ -90,19 +105,14 @@ class LLMEngine:
     # ---- requests -------------------------------------------------------------------------------
     def prepare(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
         """Tokenize and validate a request without touching engine state (safe from any thread)."""
-        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        if not ids:
-            raise InvalidRequestError("the prompt is empty")
-        vocab = self.model_config.vocab_size
-        if any(not isinstance(t, int) or not 0 <= t < vocab for t in ids):
-            raise InvalidRequestError(f"prompt token ids must be integers in [0, {vocab})")
-        params.top_k = min(params.top_k, vocab)  # top_k >= vocab keeps every token: same distribution
-        if len(ids) + params.max_tokens > self.max_model_len:
-            raise InvalidRequestError(
-                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
-                f"{len(ids) + params.max_tokens} tokens ({len(ids)} in the prompt, {params.max_tokens} for the "
-                "completion). Please reduce the length of the prompt or max_tokens.")
-        return ids
+        return self.inputs.prepare(prompt, params)
+
+    def info(self) -> EngineInfo:
+        spec = self.config.speculative_config
+        return EngineInfo(self.config, self.max_model_len, self.model_config.vocab_size,
+                          self.scheduler.blocks.num_blocks, self.tokenizer, self.draft_names,
+                          self.policy.name if self.policy is not None else None,
+                          spec.num_speculative_tokens if spec else 0)
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str | None = None, arrival_time: float | None = None,

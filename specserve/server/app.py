@@ -101,7 +101,7 @@ def build_app(engine: AsyncLLMEngine, served_model_names: str | list[str], api_k
     names = [served_model_names] if isinstance(served_model_names, str) else list(served_model_names)
     state = ServingState()
     metrics = ServerMetrics(engine, names[0])
-    capacity = None if max_queue is None else engine.engine.config.max_num_seqs + max_queue
+    capacity = None if max_queue is None else engine.info.config.max_num_seqs + max_queue
     created = int(time.time())
 
     def admit() -> None:
@@ -129,7 +129,7 @@ def build_app(engine: AsyncLLMEngine, served_model_names: str | list[str], api_k
 
     def model_card(name: str) -> dict:
         return {"id": name, "object": "model", "created": created, "owned_by": "specserve",
-                "root": engine.engine.config.model, "max_model_len": engine.engine.max_model_len}
+                "root": engine.info.config.model, "max_model_len": engine.max_model_len}
 
     @app.get("/health")
     async def health():

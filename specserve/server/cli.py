@@ -47,6 +47,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--engine-stall-timeout", type=float, default=60.0,
                    help="/health answers 503 when the engine loop has died or one of its steps has run this "
                         "many seconds (default 60)")
+    g.add_argument("--engine-thread", action="store_true",
+                   help="run the engine on a thread of the server process instead of a process of its own "
+                        "(the HTTP side then competes with the step loop for the GIL and the cores)")
     p.set_defaults(func=_serve)
 
 
@@ -99,7 +102,8 @@ def _serve(args) -> int:
 
         args.speculative_config, why = speculative_choice(args)
         log.info(why)
-        engine = AsyncLLMEngine(engine_config_from_args(args), stall_timeout=args.engine_stall_timeout)
+        engine = AsyncLLMEngine(engine_config_from_args(args), stall_timeout=args.engine_stall_timeout,
+                                process=not args.engine_thread)
         app = build_app(engine, args.served_model_name or [args.model], args.api_key or os.environ.get(API_KEY_ENV),
                         args.max_queue, max_request_bytes=args.max_request_bytes, timeout_read=args.timeout_read)
         launch.run(app, engine, sock, args.drain_timeout, access_log=not args.disable_access_log,

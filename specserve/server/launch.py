@@ -42,15 +42,17 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def describe(engine: AsyncLLMEngine, url: str) -> str:
-    cfg, spec, sched = engine.engine.config, engine.engine.config.speculative_config, engine.engine.scheduler
+    info = engine.info
+    cfg, spec = info.config, info.config.speculative_config
     if spec is None:
         draft = "none"
     else:
         model = "+".join(spec.model) if isinstance(spec.model, list) else spec.model
-        draft = f"{model if spec.method == 'draft_model' else spec.method} (k={spec.num_speculative_tokens})"
-    kv = sched.blocks.num_blocks * sched.blocks.block_size
+        draft = (f"{model if spec.method == 'draft_model' else spec.method} (k={spec.num_speculative_tokens}) | "
+                 f"policy {spec.policy}")
+    kv = info.num_kv_blocks * cfg.block_size
     return (f"specserve serving {url}/v1 | model {cfg.model} | {cfg.device} {cfg.dtype} | draft {draft} | "
-            f"KV cache {kv} tokens ({sched.blocks.num_blocks} blocks) | max_model_len {engine.engine.max_model_len} | "
+            f"KV cache {kv} tokens ({info.num_kv_blocks} blocks) | max_model_len {info.max_model_len} | "
             f"max_num_seqs {cfg.max_num_seqs}")
 
 

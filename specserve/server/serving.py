@@ -97,7 +97,7 @@ class Serving:
         self.model_names = model_names
         self.admit = admit  # raises APIError(429) when the queue is full
         self.active = active  # ids of requests in the engine, for a shutdown that has to abort them
-        self.max_model_len = engine.engine.max_model_len
+        self.max_model_len = engine.max_model_len
         self.bound = limits.PromptBound(engine.tokenizer.hf, self.max_model_len)
 
     def check_model(self, name: str | None) -> None:
@@ -114,7 +114,7 @@ class Serving:
         if isinstance(prompt, str):
             self.bound.check(prompt, params.max_tokens, "prompt")
             prompt = await limits.encode(self.engine.tokenizer, prompt, add_special_tokens=True)
-        ids = self.engine.engine.prepare(prompt, params)
+        ids = self.engine.prepare(prompt, params)
         return await self._run(_Format(False, self.engine.tokenizer), req, ids, params, raw)
 
     async def chat(self, req: ChatCompletionRequest, raw: Request) -> Response:
@@ -128,7 +128,7 @@ class Serving:
         self.bound.check(text, limit, "messages")
         ids = await limits.encode(tok, text, add_special_tokens=False)
         params = req.to_sampling_params(len(ids), self.max_model_len)
-        ids = self.engine.engine.prepare(ids, params)
+        ids = self.engine.prepare(ids, params)
         return await self._run(_Format(True, tok), req, ids, params, raw)
 
     async def _run(self, fmt: _Format, req, ids, params, raw: Request) -> Response:

@@ -131,8 +131,8 @@ def test_default_speculative_config(monkeypatch, tmp_path):
     assert server_cli.speculative_choice(_args())[0] is None  # "default" routes between both: both needed
     (tmp_path / "code").mkdir()
     (tmp_path / "code" / "config.json").write_text("{}")
-    assert json.loads(server_cli.speculative_choice(_args())[0]) == {"model": "default", "num_speculative_tokens": 3,
-                                                                     "ngram_first": True}
+    assert json.loads(server_cli.speculative_choice(_args())[0]) == {"model": "default", "num_speculative_tokens": 4,
+                                                                     "ngram_first": True, "policy": "adaptive"}
     assert server_cli.speculative_choice(_args(model="/some/other/model"))[0] is None  # vocabularies differ
     assert server_cli.speculative_choice(_args(spec="none"))[0] is None
     given = '{"method": "ngram", "num_speculative_tokens": 2}'

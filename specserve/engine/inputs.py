@@ -1,0 +1,31 @@
+"""A request's input, checked before it reaches the engine: tokenized, token ids in the vocabulary, prompt +
+max_tokens within the context. Stateless, so the server runs it on its own side of the engine."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specserve.engine.sampling_params import SamplingParams
+from specserve.errors import InvalidRequestError
+
+
+@dataclass
+class InputProcessor:
+    tokenizer: object
+    vocab_size: int
+    max_model_len: int
+
+    def prepare(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
+        """Token ids of the prompt; raises InvalidRequestError (a 400) for what the engine cannot run."""
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if not ids:
+            raise InvalidRequestError("the prompt is empty")
+        vocab = self.vocab_size
+        if any(not isinstance(t, int) or not 0 <= t < vocab for t in ids):
+            raise InvalidRequestError(f"prompt token ids must be integers in [0, {vocab})")
+        params.top_k = min(params.top_k, vocab)  # top_k >= vocab keeps every token: same distribution
+        if len(ids) + params.max_tokens > self.max_model_len:
+            raise InvalidRequestError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                f"{len(ids) + params.max_tokens} tokens ({len(ids)} in the prompt, {params.max_tokens} for the "
+                "completion). Please reduce the length of the prompt or max_tokens.")
+        return ids
