@@ -37,6 +37,7 @@ api = FastAPI(title="specserve scale-out", docs_url=None, redoc_url=None, openap
 REPLICA_GONE = (RayActorError,)
 DROPPED_HEADERS = {b"host", b"content-length", b"connection", b"transfer-encoding", b"keep-alive"}
 FAN_OUT_TIMEOUT_S = 5.0
+REPLICA_HEADER = "x-specserve-replica"
 P = "specserve:scaleout_"
 
 
@@ -51,8 +52,10 @@ def _sse(payload: dict | str) -> bytes:
 
 
 def _response_headers(head: dict) -> dict[str, str]:
-    return {k.decode("latin-1"): v.decode("latin-1") for k, v in head["headers"]
-            if k.lower() not in DROPPED_HEADERS}
+    headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in head["headers"]
+               if k.lower() not in DROPPED_HEADERS}
+    headers[REPLICA_HEADER] = head.get("replica", "")  # which replica answered: for logs, tests, affinity checks
+    return headers
 
 
 def _is_stream(head: dict) -> bool:

@@ -103,7 +103,8 @@ class EngineReplica:
 
     async def health(self, hints: RouteHints) -> dict:
         status = "draining" if self.app.state.serving.draining else "ok"
-        return dict(self.load(), status=status, engine_alive=self._engine_alive())
+        return dict(self.load(), status=status, engine_alive=self._engine_alive(),
+                    latency_model=self.coefficients.source, chars_per_token=self.chars_per_token)
 
     def record_routing_stats(self) -> dict:
         return dict(self.load(), coefficients=self.coefficients.to_dict(), chars_per_token=self.chars_per_token,
