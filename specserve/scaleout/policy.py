@@ -17,6 +17,7 @@ then the least in-flight work.
 from __future__ import annotations
 
 import math
+import random
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
 
@@ -104,11 +105,14 @@ def predict(load: ReplicaLoad, hints: RouteHints | None, now: float) -> float:
     return c1 + company(load, max(g, 1.0), now) * c2
 
 
-def rank(loads: list[ReplicaLoad], hints: RouteHints | None, now: float) -> list[tuple[float, str]]:
-    """(predicted latency, replica), best first; ties go to fewer requests in flight, then less KV use."""
-    scored = [(predict(l, hints, now), len(l.running), l.kv_usage, l.replica) for l in loads]
+def rank(loads: list[ReplicaLoad], hints: RouteHints | None, now: float,
+         rng: random.Random | None = None) -> list[tuple[float, str]]:
+    """(predicted latency, replica), best first; ties go to fewer requests in flight, then less KV use,
+    then chance (so that an idle deployment does not send everything to one replica)."""
+    rng = rng or random
+    scored = [(predict(l, hints, now), len(l.running), l.kv_usage, rng.random(), l.replica) for l in loads]
     scored.sort(key=lambda s: (s[0] if math.isfinite(s[0]) else math.inf, s[1], s[2], s[3]))
-    return [(s[0], s[3]) for s in scored]
+    return [(s[0], s[4]) for s in scored]
 
 
 class SessionTable:

@@ -1,4 +1,6 @@
 """The latency-model-aware choice (specserve/scaleout/policy.py): C1 + B·C2 with length-aware company."""
+import random
+
 import pytest
 
 from specserve.scaleout.hints import RouteHints
@@ -73,10 +75,12 @@ def test_a_request_without_max_tokens_assumes_the_fitted_reference_length():
     assert predict(ReplicaLoad("a", c), None, NOW) == pytest.approx(64)
 
 
-def test_ties_go_to_fewer_in_flight_then_less_kv():
+def test_ties_go_to_fewer_in_flight_then_less_kv_then_chance():
     a = ReplicaLoad("a", kv_usage=0.5)
     b = ReplicaLoad("b", kv_usage=0.1)
     assert [r for _, r in rank([a, b], hints(10), NOW)] == ["b", "a"]
+    firsts = {rank([ReplicaLoad("a"), ReplicaLoad("b")], hints(10), NOW, random.Random(seed))[0][1] for seed in range(20)}
+    assert firsts == {"a", "b"}
 
 
 def test_a_session_stays_until_its_replica_is_much_busier_or_gone():
