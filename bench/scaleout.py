@@ -8,13 +8,15 @@ requests short, a few long) is replayed, arrival for arrival, against:
     ray-2x1-pow2  `--replicas 2`, 1 thread each, Ray's power of two choices
     ray-2x1-lat   `--replicas 2`, 1 thread each, the latency-aware router with the model fitted below
 
-First, on ray-1x1, a saturation burst and Poisson runs at --fit-loads of it (lengths drawn from the same
-mix) are fitted with `specserve latency fit`'s code; the trace's rate is --load x that saturation rate.
-The fitted model then plans replicas for the trace (`specserve latency plan --replicas`) under a mean-E2E
-SLO (default: twice a lone request's mean E2E on this mix), and its per-replica prediction at 1 and 2
+First, on ray-1x1, a saturation burst (equal requests of the mix's mean length) and Poisson runs at
+--fit-loads of it (lengths drawn from the mix) are fitted with `specserve latency fit`'s code. The
+trace's rate is --load x one replica's saturation rate 1/C2 by that fit. The fitted model then plans
+replicas for the trace (`specserve latency plan --replicas`) under a mean-E2E SLO (default: twice a lone request's mean E2E on this mix), and its per-replica prediction at 1 and 2
 replicas is set beside the measured runs.
 
-    python bench/scaleout.py [--model smollm2-135m] [--requests 120] [--out bench/results/scaleout]
+    python bench/scaleout.py [--model smollm2-135m] [--requests 100] [--out bench/results/scaleout]
+
+About 25 minutes with the defaults on a busy 2-core machine (SmolLM2-135M, one thread per replica).
 
 Writes OUT/runs.jsonl (+ per-request rows), OUT/model.json, OUT/trace.csv, OUT/plan.txt, OUT/summary.md and
 OUT/summary.json; server logs in OUT/logs/. Prints the table. Numbers from a shared machine are noisy: say so.
@@ -58,7 +60,7 @@ def write_trace(path: Path, n: int, rate: float, args, rng: np.random.Generator)
 
 
 def server_args(args, replicas: int | None, router: str = "latency", model_json: Path | None = None) -> list[str]:
-    common = ["--model", args.model, "--num-threads", str(args.threads), "--speculative-config", "none",
+    common = ["--model", args.model, "--dtype", args.dtype, "--num-threads", str(args.threads), "--speculative-config", "none",
               "--max-model-len", str(args.max_model_len), "--disable-access-log", *args.server_arg]
     if replicas is None:
         return common
@@ -79,9 +81,14 @@ async def measure(target: Target, spec: WorkloadSpec, opts: RunOptions, results:
 def fit_phase(args, server: ReplicaServer, results: Path, lengths_trace: Path, opts: RunOptions) -> tuple[float, Path]:
     """Saturation rate of one replica and a model fitted on Poisson runs below it."""
     target = Target(base_url=server.root, label="fit-1x1", k=0, server_config={"replicas": 1, "k": 0})
+    # A burst of the mix itself would measure its longest request (the short ones finish, the last long one
+    # runs alone): the burst is of equal requests of the mix's mean output length instead.
+    mean_output = round((1 - args.long_share) * args.short + args.long_share * args.long)
+    burst = WorkloadSpec(input_len=args.input_len, output_len=mean_output, dataset=args.dataset, seed=args.seed)
+    sat = asyncio.run(measure_saturation(target, burst, opts, args.saturation_requests))
+    print(f"  one replica saturates at {sat:.3f} req/s ({args.saturation_requests} requests of {mean_output} "
+          f"tokens at once)", flush=True)
     spec = WorkloadSpec(trace=str(lengths_trace), dataset=args.dataset, seed=args.seed)
-    sat = asyncio.run(measure_saturation(target, spec, opts, args.saturation_requests))
-    print(f"  one replica saturates at {sat:.3f} req/s", flush=True)
     fit_file = results.parent / "fit.jsonl"
     for i, load in enumerate(args.fit_loads):
         run = replace(spec, request_rate=load * sat, max_requests=args.fit_requests, seed=args.seed + 1 + i)
@@ -90,9 +97,9 @@ def fit_phase(args, server: ReplicaServer, results: Path, lengths_trace: Path, o
     path = results.parent / "model.json"
     model_file.save(report, path)
     c = report.model.e2e.demands(0, 1.0, report.model.output_tokens)
-    print(f"  fitted: C1 {c.c1:.3f} s, C2 {c.c2:.3f} s at g={report.model.output_tokens:.0f}; "
-          f"excluded {len(report.excluded)} run(s)", flush=True)
-    return sat, path
+    print(f"  fitted: C1 {c.c1:.3f} s, C2 {c.c2:.3f} s at g={report.model.output_tokens:.0f} (saturation "
+          f"{1 / c.c2:.3g} req/s); excluded {len(report.excluded)} run(s)", flush=True)
+    return min(1 / c.c2, sat), path
 
 
 def row(label: str, replicas: str, router: str, r: dict) -> dict:
@@ -144,14 +151,19 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--threads", type=int, default=1, help="threads per replica (default 1)")
-    p.add_argument("--requests", type=int, default=120, help="requests in the trace (default 120)")
-    p.add_argument("--load", type=float, default=0.8, help="trace rate as a fraction of one replica's saturation")
-    p.add_argument("--fit-loads", type=lambda s: [float(x) for x in s.split(",")], default=[0.25, 0.5, 0.75])
-    p.add_argument("--fit-requests", type=int, default=40)
-    p.add_argument("--saturation-requests", type=int, default=24)
+    p.add_argument("--dtype", default="float32",
+                   help="float32 (default): CPUs without AVX512-BF16 (as the AMD EPYC this first ran on) emulate "
+                        "bfloat16 at a few tokens/s")
+    p.add_argument("--requests", type=int, default=100, help="requests in the trace (default 100)")
+    p.add_argument("--load", type=float, default=0.7,
+                   help="trace rate as a fraction of one replica's saturation 1/C2 by the fit (default 0.7)")
+    p.add_argument("--fit-loads", type=lambda s: [float(x) for x in s.split(",")], default=[0.1, 0.2, 0.3],
+                   help="fit runs' rates, fractions of the burst's rate (a skewed mix saturates well below it)")
+    p.add_argument("--fit-requests", type=int, default=48)
+    p.add_argument("--saturation-requests", type=int, default=64, help="burst size (default 64 = max_num_seqs)")
     p.add_argument("--input-len", type=int, default=64)
-    p.add_argument("--short", type=int, default=16, help="output tokens of most requests")
-    p.add_argument("--long", type=int, default=256, help="output tokens of the few long ones")
+    p.add_argument("--short", type=int, default=8, help="output tokens of most requests")
+    p.add_argument("--long", type=int, default=64, help="output tokens of the few long ones")
     p.add_argument("--long-share", type=float, default=0.2)
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--dataset", default="spec-bench")
@@ -180,10 +192,10 @@ def main() -> int:
     server = ReplicaServer(server_args(args, 1), logs / "ray-1x1.log")
     try:
         sat, model_json = fit_phase(args, server, results, lengths_trace, opts)
-        rate = args.load * sat
+        rate = args.load * sat  # one replica at λ·C2 = --load by the fit (or of the burst's rate, if lower)
         trace = out / "trace.csv"
         write_trace(trace, args.requests, rate, args, rng)
-        replay = WorkloadSpec(trace=str(trace), dataset=args.dataset, seed=args.seed)
+        replay = WorkloadSpec(trace=str(trace), dataset=args.dataset, max_requests=args.requests, seed=args.seed)
         runs["ray-1x1"] = asyncio.run(measure(Target(server.root, label="ray-1x1", k=0), replay, opts, results))
     finally:
         server.stop()
@@ -204,8 +216,9 @@ def main() -> int:
     plan_text, check = planner_check(args, model_json, trace, runs)
     (out / "plan.txt").write_text(plan_text + "\n")
     mix = f"{1 - args.long_share:.0%} x {args.short} and {args.long_share:.0%} x {args.long} output tokens"
-    header = (f"Model {args.model}, plain decoding, {args.threads} thread(s) per replica; trace: {args.requests} "
-              f"Poisson arrivals at {rate:.3g} req/s ({args.load:g} x one replica's saturation {sat:.3g} req/s), "
+    header = (f"Model {args.model} {args.dtype}, plain decoding, {args.threads} thread(s) per replica; trace: {args.requests} "
+              f"Poisson arrivals at {rate:.3g} req/s ({args.load:g} x one replica's saturation {sat:.3g} req/s: the lower of "
+              f"the fit's 1/C2 and the burst's rate), "
               f"{args.input_len}-token prompts, {mix}. {args.note}. "
               f"Command: {' '.join([Path(sys.argv[0]).as_posix()] + sys.argv[1:])}; "
               f"{(time.time() - started) / 60:.1f} min.")

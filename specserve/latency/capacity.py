@@ -165,8 +165,9 @@ def plan_capacity(model: LatencyModel, traffic: Traffic, slo: Slo, ks: Sequence[
         capacity = capacity_per_replica(model, traffic, slo, k, e, n or max_replicas)
         options.append(Option(k, e, n, pred, capacity, break_even_for(model, k, e) if k > 0 else None))
     plan = CapacityPlan(traffic, slo, options, not_ranked)
-    needed = [o.replicas for o in options if o.replicas is not None]
-    top = min(max(needed) + 1 if needed else max_replicas, max_replicas)
-    plan.by_count = [(n, {o.k: per_replica(model, traffic, n, o.k, o.expected) for o in options})
-                     for n in range(1, top + 1)]
+    # The table by replica count: every count up to one past the best answer, and each option's own answer.
+    needed = {o.replicas for o in options if o.replicas is not None}
+    best = plan.best.replicas if plan.best else min(max_replicas, 8)
+    counts = sorted(n for n in set(range(1, best + 2)) | needed if n <= max_replicas)
+    plan.by_count = [(n, {o.k: per_replica(model, traffic, n, o.k, o.expected) for o in options}) for n in counts]
     return plan

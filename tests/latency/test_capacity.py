@@ -77,7 +77,9 @@ def test_plan_compares_with_and_without_speculation(model):
     assert plan.dense.k == 0 and plan.best_speculative.k > 0
     assert plan.best.replicas == min(o.replicas for o in plan.options if o.replicas)
     assert all(o.break_even is not None for o in plan.options if o.k > 0)
-    assert [n for n, _ in plan.by_count] == list(range(1, len(plan.by_count) + 1))
+    counts = [n for n, _ in plan.by_count]
+    assert counts[:plan.best.replicas + 1] == list(range(1, plan.best.replicas + 2))
+    assert {o.replicas for o in plan.options} <= set(counts)
 
 
 def test_bad_inputs_are_one_line_errors(model):
