@@ -16,7 +16,7 @@ replicas is set beside the measured runs.
 
     python bench/scaleout.py [--model smollm2-135m] [--requests 100] [--out bench/results/scaleout]
 
-About 25 minutes with the defaults on a busy 2-core machine (SmolLM2-135M, one thread per replica).
+About 15 minutes with the defaults on a busy 2-core machine (SmolLM2-135M, one thread per replica).
 
 Writes OUT/runs.jsonl (+ per-request rows), OUT/model.json, OUT/trace.csv, OUT/plan.txt, OUT/summary.md and
 OUT/summary.json; server logs in OUT/logs/. Prints the table. Numbers from a shared machine are noisy: say so.
