@@ -43,8 +43,24 @@ P = "specserve:scaleout_"
 
 def error_body(status: int, message: str, code: str | None = None) -> dict:
     # The single-process server's shape (server/errors.py), without importing it (it pulls in torch).
-    kind = {429: "rate_limit_exceeded", 503: "service_unavailable"}.get(status, "internal_server_error")
+    kind = {413: "invalid_request_error", 429: "rate_limit_exceeded", 503: "service_unavailable"}.get(
+        status, "internal_server_error")
     return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+
+
+async def read_body(request: Request, limit: int) -> bytes | None:
+    """The body, or None once it is larger than `limit`: the ingress buffers it, so it must not take more
+    than a replica would (--max-request-bytes, server/limits.py)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        return None
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _sse(payload: dict | str) -> bytes:
@@ -145,7 +161,11 @@ class OpenAIIngress:
     # ---- the OpenAI API -----------------------------------------------------------------------
     @api.api_route("/v1/{rest:path}", methods=["GET", "POST"])
     async def forward(self, rest: str, request: Request):
-        body = await request.body()
+        body = await read_body(request, self.settings.max_request_bytes)
+        if body is None:
+            return JSONResponse(error_body(413, f"the request body is larger than this server's limit of "
+                                                f"{self.settings.max_request_bytes} bytes (--max-request-bytes)",
+                                           "request_too_large"), status_code=413, headers={"Connection": "close"})
         path = request.url.path
         hints = (hints_from_body(path, body, self.settings.session_fields) if request.method == "POST"
                  else RouteHints(new_key()))

@@ -85,7 +85,8 @@ def serve_replicas(args) -> int:
     started_ray = start_ray(args.ray_address, s)
     try:
         catch_signals()  # again: ray.init may install its own
-        serve.start(http_options={"host": args.host, "port": port})
+        serve.start(http_options={"host": args.host, "port": port,
+                                  "keep_alive_timeout_s": max(1, round(s.timeout_keep_alive))})
         serve.run(build_application(s), name=APP_NAME, route_prefix="/")
         host = f"[{args.host}]" if ":" in args.host else args.host
         log.info(describe(s, f"http://{host}:{port}"))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from types import SimpleNamespace
 
 from specserve.scaleout.bridge import call_asgi
@@ -66,8 +65,10 @@ class EngineReplica:
         context = serve.get_replica_context()
         self.replica_id = context.replica_id.unique_id
         self.rank = getattr(context.rank, "rank", context.rank)
-        self.engine = AsyncLLMEngine(engine_config_from_args(SimpleNamespace(**s.engine)))
-        self.app = build_app(self.engine, list(s.served_model_names), s.api_key, s.max_queue)
+        self.engine = AsyncLLMEngine(engine_config_from_args(SimpleNamespace(**s.engine)),
+                                     stall_timeout=s.engine_stall_timeout)
+        self.app = build_app(self.engine, list(s.served_model_names), s.api_key, s.max_queue,
+                             max_request_bytes=s.max_request_bytes, timeout_read=s.timeout_read)
         self.engine.start()  # what the app's lifespan would do: the bridge calls the app without one
         self.recent = RecentLatency()
         self.engine.output_listeners.append(self.recent.on_output)
@@ -102,21 +103,20 @@ class EngineReplica:
         return self.replica_id, self.app.state.metrics.render().decode()
 
     async def health(self, hints: RouteHints) -> dict:
-        status = "draining" if self.app.state.serving.draining else "ok"
-        return dict(self.load(), status=status, engine_alive=self._engine_alive(),
+        problem = self.engine.health_problem()  # a dead or hung step loop, as the server's /health says
+        status = "draining" if self.app.state.serving.draining else ("unhealthy" if problem else "ok")
+        return dict(self.load(), status=status, problem=problem,
                     latency_model=self.coefficients.source, chars_per_token=self.chars_per_token)
 
     def record_routing_stats(self) -> dict:
         return dict(self.load(), coefficients=self.coefficients.to_dict(), chars_per_token=self.chars_per_token,
                     tpot_s=self.recent.tpot_s, ttft_s=self.recent.ttft_s)
 
-    def _engine_alive(self) -> bool:
-        return any(t.name == "specserve-engine" and t.is_alive() for t in threading.enumerate())
-
     def check_health(self) -> None:
-        """Ray restarts a replica whose health check raises: here, one whose engine thread has died."""
-        if not self._engine_alive():
-            raise RuntimeError(f"replica {self.replica_id}: the engine step thread is not running")
+        """Ray restarts a replica whose health check raises: here, one whose engine loop died or hung."""
+        problem = self.engine.health_problem()
+        if problem is not None:
+            raise RuntimeError(f"replica {self.replica_id}: {problem}")
 
     def __del__(self) -> None:
         engine = getattr(self, "engine", None)

@@ -10,23 +10,23 @@ from dataclasses import asdict, dataclass, field, fields
 
 from specserve.errors import SpecServeError
 
-# The `specserve serve` engine flags, as EngineConfig fields (engine/args.py engine_config_from_args).
-ENGINE_KEYS = ("model", "speculative_config", "dtype", "device", "max_num_seqs", "max_num_batched_tokens",
-               "max_model_len", "block_size", "kv_cache_memory", "num_kv_blocks", "num_threads", "seed")
 ROUTERS = ("latency", "pow2")
 DEFAULT_SESSION_FIELDS = ("session_id", "user")
 APP_NAME = "specserve"
 
 
 def engine_defaults() -> dict:
-    """The engine flags' defaults, from the very parser `specserve serve` uses, so both paths agree."""
+    """The engine flags and their defaults, from the very parser `specserve serve` uses (engine/args.py),
+    so that both paths agree and a new engine flag reaches the replicas without a change here."""
     from specserve.engine.args import add_engine_args
     from specserve.engine.config import SERVER_MAX_NUM_BATCHED_TOKENS
 
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(add_help=False)
     add_engine_args(p, SERVER_MAX_NUM_BATCHED_TOKENS)
-    ns = p.parse_args([])
-    return {k: getattr(ns, k) for k in ENGINE_KEYS}
+    return vars(p.parse_args([]))
+
+
+ENGINE_KEYS = tuple(engine_defaults())
 
 
 @dataclass
@@ -45,6 +45,12 @@ class ScaleoutSettings:
     gpus_per_replica: float = 0.0
     drain_timeout: float = 30.0
     stats_period_s: float = 1.0  # how often each replica's load and coefficients reach the router
+    # The single-process server's limits (server/limits.py, docs/server.md), applied per replica and, for
+    # the body size, by the ingress before it forwards anything.
+    max_request_bytes: int = 4 << 20
+    timeout_read: float = 15.0
+    timeout_keep_alive: float = 5.0
+    engine_stall_timeout: float = 60.0
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -106,7 +112,9 @@ class ScaleoutSettings:
                    latency_model=args.latency_model, session_fields=parse_session_fields(args.session_field),
                    served_model_names=tuple(args.served_model_name or ()), api_key=args.api_key,
                    max_queue=args.max_queue, max_retries=args.max_retries,
-                   gpus_per_replica=args.gpus_per_replica, drain_timeout=args.drain_timeout)
+                   gpus_per_replica=args.gpus_per_replica, drain_timeout=args.drain_timeout,
+                   max_request_bytes=args.max_request_bytes, timeout_read=args.timeout_read,
+                   timeout_keep_alive=args.timeout_keep_alive, engine_stall_timeout=args.engine_stall_timeout)
 
 
 def parse_session_fields(text: str | None) -> tuple[str, ...]:

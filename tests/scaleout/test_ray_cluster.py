@@ -39,7 +39,7 @@ def test_health_reports_each_replica(cluster):
     h = wait_for(lambda: both_ready(cluster), 60)
     assert h and h["status"] == "ok" and h["router"] == "latency", h
     for r in h["replicas"].values():
-        assert r["engine_alive"] and r["latency_model"].endswith("model.json") and r["chars_per_token"] > 0
+        assert r["problem"] is None and r["latency_model"].endswith("model.json") and r["chars_per_token"] > 0
 
 
 def test_openai_client_completions_and_chat_unmodified(client):
@@ -67,6 +67,12 @@ def test_errors_keep_their_status_through_the_ingress(client):
         client.completions.create(model="nope", prompt="x", max_tokens=2)
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model="tiny", prompt="x", max_tokens=2, extra_body={"best_of": 3})
+
+
+def test_a_body_over_the_limit_is_refused_by_the_ingress(cluster):
+    r = httpx.post(cluster.base_url + "/completions", content=b"x" * ((4 << 20) + 1),
+                   headers={"content-type": "application/json"}, timeout=60)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
 
 
 def test_concurrent_requests_use_both_replicas_and_metrics_label_them(cluster):
