@@ -75,13 +75,29 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_handler("predict"))
 
-    p = sub.add_parser("plan", help="best k per rate, break-even rates, most load under an SLO")
+    p = sub.add_parser("plan", help="best k per rate, break-even rates, most load under an SLO; with "
+                       "--replicas, how many replicas an SLO needs",
+                       epilog="example: specserve latency plan model.json --replicas --trace runs/trace.csv "
+                              "--slo-e2e-ms 4000 --slo-ttft-ms 500   (docs/scaleout.md#capacity-planning)")
     p.add_argument("model")
-    p.add_argument("--rates", nargs="+", required=True, help="request rates, space or comma separated")
+    p.add_argument("--rates", nargs="+", help="request rates, space or comma separated (with --replicas: the "
+                                              "total offered to the deployment; default: --trace's)")
     p.add_argument("--ks", default="0,1,2,3,4,5,6,7,8", help="candidate k (default 0..8)")
     p.add_argument("--alpha", type=float, help="i.i.d. acceptance (default: measured per k, else median)")
     p.add_argument("--slo-e2e-ms", type=float, help="mean end-to-end latency target (ms)")
     _arrival_cv(p)
+    g = p.add_argument_group("capacity (--replicas)")
+    g.add_argument("--replicas", type=int, nargs="?", const=64, default=None, metavar="MAX",
+                   help="plan replicas instead: the fewest (up to MAX, default 64) that meet every given SLO, "
+                        "with and without speculation, and the break-even load per replica")
+    g.add_argument("--slo-ttft-ms", type=float, help="time-to-first-token target (ms)")
+    g.add_argument("--slo-tpot-ms", type=float, help="time-per-output-token target (ms)")
+    g.add_argument("--slo-stat", choices=("mean", "p95", "p99"), default="mean",
+                   help="what the SLOs bound (default mean; p95/p99 need a fit with tails)")
+    g.add_argument("--trace", help="the traffic: a trace (Azure CSV, Mooncake JSONL, timestamps) whose arrivals "
+                                   "give the rate and whose token columns give the length mix")
+    g.add_argument("--time-scale", type=float, default=1.0, help="multiply the trace's gaps (0.5 = twice the rate)")
+    g.add_argument("--lengths", help="the length mix from bench per-request rows (JSONL) or a CSV")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_handler("plan_command"))
 

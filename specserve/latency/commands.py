@@ -156,6 +156,11 @@ def predict(args: argparse.Namespace) -> int:
 def plan_command(args: argparse.Namespace) -> int:
     m = _model(args)
     ks = _numbers(args.ks, int)
+    if args.replicas is not None:  # capacity planning: replicas for an SLO (capacity.py)
+        from specserve.latency.capacity_report import capacity_command
+        return capacity_command(args, m, ks, _numbers(args.rates) if args.rates else [])
+    if not args.rates:
+        raise SpecServeError("--rates is required (or --replicas to plan replicas for a trace)")
     target = None if args.slo_e2e_ms is None else args.slo_e2e_ms / 1e3
     rows = plan(m, _numbers(args.rates), ks, args.alpha, target)
     expected, left_out = candidate_ks(m, ks, args.alpha)

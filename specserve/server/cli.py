@@ -6,6 +6,7 @@ import os
 
 from specserve.engine.args import add_engine_args
 from specserve.engine.config import SERVER_MAX_NUM_BATCHED_TOKENS
+from specserve.scaleout.args import add_scaleout_args
 from specserve.server.limits import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_TIMEOUT_READ_S
 
 # Prompt lookup where it finds a match, the shipped EAGLE draft elsewhere, each request's draft length
@@ -50,6 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--engine-thread", action="store_true",
                    help="run the engine on a thread of the server process instead of a process of its own "
                         "(the HTTP side then competes with the step loop for the GIL and the cores)")
+    add_scaleout_args(p)
     p.set_defaults(func=_serve)
 
 
@@ -91,6 +93,12 @@ def _serve(args) -> int:
     prometheus_client.disable_created_metrics()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
     log = logging.getLogger("specserve.server")
+    if args.replicas is not None:  # N engines on Ray Serve (specserve/scaleout/)
+        from specserve.scaleout.launch import serve_replicas
+        args.speculative_config, why = speculative_choice(args)
+        log.info(why)
+        args.api_key = args.api_key or os.environ.get(API_KEY_ENV)
+        return serve_replicas(args)
 
     from specserve.server import launch
 

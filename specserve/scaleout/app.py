@@ -1,0 +1,53 @@
+"""The Ray Serve application: N EngineReplica deployments behind one OpenAIIngress.
+
+`build_application(settings)` is what `specserve serve --replicas N` runs; `app_builder` is the same for
+a Serve config file on an existing Ray cluster (docs/scaleout.md):
+
+    applications:
+      - name: specserve
+        route_prefix: /
+        import_path: specserve.scaleout.app:app_builder
+        args: {model: smollm2-135m, replicas: 2, num_threads: 4, router: latency}
+"""
+from __future__ import annotations
+
+from specserve.scaleout.settings import ScaleoutSettings
+
+ENGINE_DEPLOYMENT = "EngineReplica"
+INGRESS_DEPLOYMENT = "OpenAIIngress"
+INGRESS_MAX_ONGOING = 100_000  # the ingress only waits on replicas: it should never be what queues
+
+
+def build_application(s: ScaleoutSettings):
+    from ray import serve
+    from ray.serve.config import RequestRouterConfig
+
+    from specserve.scaleout.ingress import OpenAIIngress
+    from specserve.scaleout.replica import EngineReplica
+    from specserve.scaleout.routers import ROUTER_CLASSES
+
+    settings = s.to_dict()
+    router = RequestRouterConfig(request_router_class=ROUTER_CLASSES[s.router],
+                                 request_router_kwargs={"session_imbalance": s.session_imbalance},
+                                 request_routing_stats_period_s=s.stats_period_s)
+    # num_cpus reserves the replica's threads, so Ray places replicas where their cores are free.
+    engine = serve.deployment(EngineReplica, name=ENGINE_DEPLOYMENT, num_replicas=s.replicas,
+                              ray_actor_options={"num_cpus": s.num_threads, "num_gpus": s.gpus_per_replica},
+                              max_ongoing_requests=s.ongoing_cap, graceful_shutdown_timeout_s=s.drain_timeout,
+                              request_router_config=router)
+    ingress = serve.deployment(OpenAIIngress, name=INGRESS_DEPLOYMENT, num_replicas=1,
+                               ray_actor_options={"num_cpus": 0}, max_ongoing_requests=INGRESS_MAX_ONGOING)
+    return ingress.bind(engine.bind(settings), settings)
+
+
+def app_builder(args: dict):
+    """For `serve run` / `serve deploy` with `import_path: specserve.scaleout.app:app_builder`: `args` are
+    the `specserve serve` flags as keys (model, replicas, num_threads, router, latency_model, ...)."""
+    from argparse import Namespace
+
+    from specserve.server.cli import speculative_choice
+
+    s = ScaleoutSettings.from_dict(dict(args or {}))
+    # The same speculative default as `specserve serve`: the shipped drafts with the default model.
+    s.engine["speculative_config"], _ = speculative_choice(Namespace(**s.engine))
+    return build_application(s)

@@ -1,0 +1,101 @@
+"""`specserve serve --replicas N`: start (or join) Ray, run the application, serve until SIGTERM/SIGINT.
+
+Like the single-process server it prints `specserve serving http://HOST:PORT/v1 | ...` once every replica
+is up, and exits 0 after a signal, having shut down what it started: Serve and the local Ray cluster,
+or, on a cluster it joined (--ray-address), only its own application.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+
+from specserve.errors import SpecServeError
+from specserve.scaleout.settings import APP_NAME, ScaleoutSettings
+
+log = logging.getLogger("specserve.scaleout")
+RAY_MISSING = ("--replicas needs Ray Serve, which is not installed: pip install 'specserve[scaleout]' "
+               "(or 'ray[serve]>=2.40')")
+RAY_FAILED = "Ray could not start a local cluster"  # tests skip on this line: no Ray on that machine
+
+
+def free_port(host: str, port: int) -> int:
+    """`port`, checked free now (a taken port fails before the model loads), or a free one for 0. Ray binds
+    it itself, so for 0 another process could take it in between: good enough for tests and benchmarks."""
+    try:
+        with socket.socket(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]) as s:
+            s.bind((host, port))
+            return s.getsockname()[1]
+    except OSError as e:
+        raise SpecServeError(f"cannot listen on {host}:{port}: {e}") from None
+
+
+def start_ray(address: str | None, s: ScaleoutSettings) -> bool:
+    """Connect to `address`, or start a local cluster sized for the replicas; True if we started it."""
+    import ray
+
+    if address:
+        ray.init(address=address, log_to_driver=True)
+        return False
+    cores = os.cpu_count() or 1
+    wanted = s.replicas * s.num_threads
+    if wanted > cores:
+        log.warning("%d replicas x %d threads = %d threads on %d cores: they will slow each other down",
+                    s.replicas, s.num_threads, wanted, cores)
+    try:
+        # Logical CPUs: at least what the replicas reserve, so an oversubscribed local run still starts.
+        ray.init(num_cpus=max(cores, wanted), include_dashboard=False, log_to_driver=True)
+    except Exception as e:  # noqa: BLE001 - any failure here means no Ray on this machine
+        raise SpecServeError(f"{RAY_FAILED}: {type(e).__name__}: {e}") from None
+    return True
+
+
+def describe(s: ScaleoutSettings, url: str) -> str:
+    e = s.engine
+    spec = e.get("speculative_config") or "none"
+    model = s.latency_model or "none (in-flight work by length)"
+    return (f"specserve serving {url}/v1 | {s.replicas} replica(s) on Ray Serve, {s.num_threads} thread(s) each | "
+            f"router {s.router} | latency model {model} | model {e['model']} | draft {spec} | "
+            f"max_num_seqs {e['max_num_seqs']}")
+
+
+def serve_replicas(args) -> int:
+    try:
+        import ray  # noqa: F401
+        from ray import serve
+    except ImportError:
+        raise SpecServeError(RAY_MISSING) from None
+    from specserve.scaleout.app import build_application
+
+    s = ScaleoutSettings.from_args(args)
+    port = free_port(args.host, args.port)
+    stop = threading.Event()
+
+    def on_signal(*_):
+        stop.set()
+
+    def catch_signals():
+        # Not the default handlers: dying on SIGTERM would skip the shutdown below and leave Ray running.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, on_signal)
+
+    catch_signals()
+    started_ray = start_ray(args.ray_address, s)
+    try:
+        catch_signals()  # again: ray.init may install its own
+        serve.start(http_options={"host": args.host, "port": port,
+                                  "keep_alive_timeout_s": max(1, round(s.timeout_keep_alive))})
+        serve.run(build_application(s), name=APP_NAME, route_prefix="/")
+        host = f"[{args.host}]" if ":" in args.host else args.host
+        log.info(describe(s, f"http://{host}:{port}"))
+        stop.wait()
+        log.info("stopping: draining replicas for up to %g s", s.drain_timeout)
+    finally:
+        if started_ray:
+            serve.shutdown()
+            ray.shutdown()
+        else:
+            serve.delete(APP_NAME)
+    return 0
