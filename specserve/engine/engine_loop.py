@@ -125,8 +125,8 @@ def run_engine_process(config, commands, messages) -> None:
     parent = os.getppid()
 
     def emit(message) -> None:
-        if message[0] == "heartbeat" and os.getppid() != parent:  # the server is gone: nobody reads us
-            raise SystemExit(0)
+        if os.getppid() != parent:  # the server is gone (killed): nobody reads us, stop
+            os._exit(0)
         if message[0] == "failed" and not isinstance(message[2], (SpecServeError, EngineDeadError)):
             # Exceptions cross the process boundary pickled; an arbitrary one may not pickle.
             message = ("failed", message[1], EngineDeadError(f"{type(message[2]).__name__}: {message[2]}"))

@@ -281,3 +281,34 @@ def test_a_step_that_fails_without_its_suspect_too_fails_everything_in_flight(ti
         engine.shutdown()
     assert all(isinstance(r, EngineDeadError) and "broken kernel" in str(r) for r in results)
     assert not engine.engine.requests  # none left running (their abort outputs may still be queued)
+
+
+# ---- the engine in its own process (what `specserve serve` runs) ---------------------------------------------
+
+def test_the_engine_process_gives_what_the_thread_gives_and_its_death_is_seen(tiny_target):
+    import os
+    import signal
+
+    config = EngineConfig(model=str(tiny_target), dtype="float32", num_kv_blocks=128, max_model_len=1024)
+    greedy = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    here = AsyncLLMEngine(config)
+    away = AsyncLLMEngine(config, process=True)
+
+    async def run(engine, n=3):
+        return await asyncio.wait_for(asyncio.gather(*(collect(engine, f"p{i}", greedy) for i in range(n))), TIMEOUT)
+
+    async def killed():
+        long = asyncio.create_task(collect(away, "long", SamplingParams(max_tokens=100_000 // 100, ignore_eos=True)))
+        await asyncio.sleep(0.3)
+        os.kill(away._process.pid, signal.SIGKILL)
+        with pytest.raises(EngineDeadError, match="exited"):
+            await asyncio.wait_for(long, TIMEOUT)
+
+    try:
+        assert [o.token_ids for o in asyncio.run(run(away))] == [o.token_ids for o in asyncio.run(run(here))]
+        assert away.max_model_len == 1024 and away.engine is None
+        asyncio.run(killed())
+        assert "exited" in away.health_problem()
+    finally:
+        here.shutdown()
+        away.shutdown()
