@@ -22,8 +22,8 @@ SMALL_KV = "0.002"
 
 
 class ServerProcess:
-    def __init__(self, args: list[str], log_path: Path):
-        self.log_path = log_path
+    def __init__(self, args: list[str], log_path: Path, startup_timeout: float = STARTUP_TIMEOUT_S):
+        self.log_path, self.startup_timeout = log_path, startup_timeout
         self._log = open(log_path, "wb")
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         env.pop("SPECSERVE_API_KEY", None)
@@ -38,7 +38,7 @@ class ServerProcess:
         return self.log_path.read_text(errors="replace")
 
     def _wait_ready(self) -> str:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log}")
@@ -51,7 +51,7 @@ class ServerProcess:
                     pass
             time.sleep(0.1)
         self.stop()
-        raise RuntimeError(f"server not ready after {STARTUP_TIMEOUT_S} s:\n{self.log}")
+        raise RuntimeError(f"server not ready after {self.startup_timeout} s:\n{self.log}")
 
     def metrics(self) -> dict[str, float]:
         """`name{labels}` -> value, labels as written (sorted by prometheus_client)."""

@@ -145,7 +145,9 @@ def test_real_default_model_chat_completion(smollm2_dir, tmp_path):
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     want = LLM(model="smollm2-135m", max_model_len=512, num_kv_blocks=64).chat(
         messages, SamplingParams(max_tokens=16, temperature=0))[0]
-    server = ServerProcess(["--model", "smollm2-135m", "--max-model-len", "512"], tmp_path / "real.log")
+    # the first start on a machine profiles the step cost for the adaptive policy (then it is cached)
+    server = ServerProcess(["--model", "smollm2-135m", "--max-model-len", "512"], tmp_path / "real.log",
+                           startup_timeout=300)
     try:
         with openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0, timeout=120) as c:
             r = c.chat.completions.create(model="smollm2-135m", messages=messages, max_tokens=16, temperature=0)

@@ -2,10 +2,12 @@
 draft confidences, the scheduler clamps what it asks, and greedy output stays identical whatever it does."""
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from specserve import LLM, SamplingParams
 from specserve.errors import SpecServeError
+from specserve.spec.cost_model import KNOTS, LinearCost, StepCostModel
 from specserve.spec.policies import POLICIES, Policy, register
 from tests.spec.test_speculative_engine import GREEDY, prompts
 
@@ -121,16 +123,40 @@ def test_greedy_output_is_identical_under_every_built_in_policy(tiny_target, tin
     llm = LLM(model=str(tiny_target), dtype="float32", max_num_seqs=5, speculative_config={
         "model": str(tiny_draft), "num_speculative_tokens": 4, "ngram_first": True, "policy": name,
         "policy_options": options})
+    if llm.engine.models.has_cost:  # decisions from a fixed cost model, not from this machine's timings
+        llm.engine.models._cost = cheap_drafts(llm)
     outs = llm.generate(ps, GREEDY)
     assert [o.token_ids for o in outs] == want
     drafted = sum(o.spec["num_draft_tokens"] for o in outs)
     assert (drafted == 0) == (name == "off"), drafted
 
 
+class FixedCost(StepCostModel):
+    """A step cost model with given costs that does not learn from measured steps."""
+
+    def __init__(self, verify: float, per_row: float, draft: float, drafts: list[str]):
+        n = len(KNOTS) + 2  # the row basis, its ramp, the KV feature
+        w_verify = np.zeros(n)
+        w_verify[:len(KNOTS)] = verify + per_row * KNOTS
+        w_draft = np.zeros(n)
+        w_draft[:len(KNOTS)] = draft
+        super().__init__(LinearCost(w_verify), {name: LinearCost(w_draft) for name in drafts})
+
+    def observe(self, *args) -> float:
+        return 0.0
+
+
+def cheap_drafts(llm) -> FixedCost:
+    return FixedCost(verify=0.010, per_row=1e-5, draft=0.001, drafts=list(llm.engine.models.cost.drafts))
+
+
 def test_sampled_output_follows_the_target_under_the_adaptive_policy(tiny_target, tiny_far_draft):
     from tests.spec.test_speculative_engine import assert_follows, exact_marginals
     spec = {"model": str(tiny_far_draft), "num_speculative_tokens": 3, "policy": "adaptive"}
     llm = LLM(model=str(tiny_target), dtype="float32", speculative_config=spec, max_num_seqs=64)
+    # A machine where drafting is cheap (a fixed cost model, not this machine's timings): the policy then
+    # speculates even with this poor draft, and its choices depend only on the acceptance it learns.
+    llm.engine.models._cost = cheap_drafts(llm)
     prompt = [7, 8, 9, 7, 8]
     base = dict(max_tokens=4, temperature=0.8, top_p=0.9, ignore_eos=True)
     p1, p2 = exact_marginals(llm, prompt, SamplingParams(**base))
