@@ -61,7 +61,7 @@ class LLMEngine:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         torch.manual_seed(config.seed)  # unseeded requests draw their generator seeds from here
-        target = load_model(config.model, config.dtype, config.device)
+        target = load_model(config.model, config.dtype, config.device, quantization=config.quantization)
         self.model_config = target.config
         self.tokenizer = target.tokenizer
         self.max_model_len = config.max_model_len or min(target.config.max_position_embeddings, 4096)
