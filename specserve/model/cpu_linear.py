@@ -93,6 +93,11 @@ class KernelLinear(nn.Module):
         self.padded = -(-in_features // PAD) * PAD if fmt in ("f32", "bf16") else in_features
         self.bias_f32 = None if bias is None else bias.detach().float().contiguous()
         self.interleaved = interleaved  # rows (and bias) in gate/up pairs: `swiglu` works, see forward
+        # The kernel's leading arguments, for callers that go straight to C (cpu_forward.py).
+        self.c_args = (self.weight_data.data_ptr(), kernels.WEIGHT_FORMATS[fmt],
+                       self.weight_data.stride(0) * self.weight_data.element_size(), self.out_features,
+                       in_features, self.padded)
+        self.bias_ptr = None if self.bias_f32 is None else self.bias_f32.data_ptr()
 
     @classmethod
     def from_linear(cls, linear: nn.Module, interleave: bool = False) -> "KernelLinear":

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specserve.model import kernels
+from specserve.model import cpu_forward, kernels
 from specserve.model.attention import AttentionMetadata, paged_attention
 from specserve.model.config import ModelConfig
 from specserve.model.cpu_linear import KernelLinear
@@ -118,6 +118,8 @@ class LlamaModel(nn.Module):
         cos_sin = self.rope[meta.positions]  # [T, 2, D/2]
         cos, sin = cos_sin[:, 0, None], cos_sin[:, 1, None]
         x = self.embed(input_ids, features)
+        if cpu_forward.can_run(self, x, kv_cache, meta):  # the same arithmetic without per-op overhead
+            return self.norm(cpu_forward.run_layers(self, x, cos, sin, kv_cache, meta))
         for layer, kv in zip(self.layers, kv_cache):
             x = layer(x, cos, sin, kv, meta)
         return self.norm(x)

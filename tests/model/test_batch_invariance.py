@@ -60,3 +60,19 @@ def test_logits_are_the_same_bits_however_the_tokens_are_batched(dtype, quantiza
     for i in range(92, 100):
         parts.append(run(model, kv, [(seq, toks[i:i + 1], i + 1), (other, toks[7:8], 8)])[:1])
     assert torch.equal(torch.cat(parts), whole)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_one_call_forward_gives_the_bits_of_the_layer_by_layer_one(dtype, monkeypatch):
+    """cpu_forward.run_layers (all layers in one C call) against DecoderLayer.forward on the same kernels."""
+    from specserve.model import cpu_forward
+    model = tiny(dtype, None)
+    c = model.config
+    toks = torch.randint(0, 300, (40,), generator=torch.Generator().manual_seed(2)).tolist()
+    steps = [[(list(range(10)), toks[:33], 33)], [(list(range(10)), toks[33:38], 38), (list(range(20, 30)), toks[:3], 3)]]
+    results = []
+    for one_call in (True, False):
+        monkeypatch.setattr(cpu_forward, "can_run", lambda *a, one_call=one_call: one_call)
+        kv = allocate_kv_cache(c.num_hidden_layers, 40, BLOCK, c.num_key_value_heads, c.head_dim, dtype)
+        results.append(torch.cat([run(model, kv, seqs) for seqs in steps]))
+    assert torch.equal(results[0], results[1])

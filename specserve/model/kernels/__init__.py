@@ -1,10 +1,12 @@
 """CPU kernels in plain C, compiled on first use with the system's C compiler and loaded with ctypes.
 
-Kernels: attention of short queries over the paged KV cache (`paged_attention.c`), RMSNorm
-(`rms_norm.c`), rotary embedding (`rope.c`), the greedy argmax of logit rows (`argmax.c`). They are
-optimisations only: without a compiler, on other devices or dtypes, with autograd recording, or with
+Kernels: attention of short queries over the paged KV cache and the cache writes (`paged_attention.c`),
+RMSNorm (`rms_norm.c`), rotary embedding (`rope.c`), the greedy argmax of logit rows (`argmax.c`),
+linear layers on float32, bf16 and GGUF-quantized weights (`linear.c`), and all of a step's decoder layers in one call (`decoder.c`). They are optimisations only:
+without a compiler, on other devices or dtypes, with autograd recording, or with
 SPECSERVE_CPU_KERNELS=0, torch ops run instead (`model/attention.py`'s gather path, F.rms_norm,
-`rope.apply_rope`'s ops, torch.argmax; same results up to float rounding).
+`rope.apply_rope`'s ops, torch.argmax, F.linear on dequantized weights; same results up to float
+rounding). `model/cpu_forward.py` calls them directly for whole decoder layers.
 
 All go into one library, built for this CPU (-march=native) into the cache directory and named by a
 hash of the sources, the flags and the CPU, so an edited source or another machine sharing the cache
@@ -111,6 +113,15 @@ def _library() -> ctypes.CDLL | None:
         fn.argtypes = ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64] + [ctypes.c_int32] * 3
                        + [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p,
                           ctypes.c_int64, ctypes.c_int32, ctypes.c_int32])
+        fn = getattr(lib, f"decoder_layers_{suffix}")
+        fn.restype = ctypes.c_int
+        fn.argtypes = ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p] + [ctypes.c_int32] * 2
+                       + [ctypes.c_void_p] * 5 + [ctypes.c_int32] * 4 + [ctypes.c_void_p] * 2
+                       + [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int32,
+                          ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p] + [ctypes.c_int32] * 3)
+    lib.kv_write.restype = None
+    lib.kv_write.argtypes = ([ctypes.c_void_p, ctypes.c_int64] * 2 + [ctypes.c_void_p] * 3
+                             + [ctypes.c_int32] * 5)
     lib.dequantize_rows.restype = None
     lib.dequantize_rows.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_int32,
                                     ctypes.c_int32, ctypes.c_void_p, ctypes.c_int32]
