@@ -43,6 +43,7 @@ enum { MODE_STORE = 0, MODE_ADD = 1, MODE_SWIGLU = 2 };
 #define GROUP 4     /* output rows expanded to float32 at once (scratch of GROUP * Kp floats per thread) */
 #define ROW_BLOCK 48 /* input rows converted to float32 at once (kept in L2 while every group reads them) */
 #define MAX_RT 3    /* rows per register tile: 3 rows x 2 outputs x 2 vectors = 12 accumulators */
+#define IN_REGISTERS 2 /* up to this many rows expand the weights in registers (row_tile), more to scratch */
 
 static inline float f16_to_f32(uint16_t h) {
 #if SIMD
@@ -283,14 +284,17 @@ static void tiles(const float *w, int64_t ws, const float *x, int64_t xs, int Kp
 }
 
 #if SIMD
-/* One input row against OT weight rows, expanding each block of weights in registers (no scratch):
- * what a decode does. Accumulates in the order of `tile` (acc 0 takes elements 0-7 and 16-23 of each
- * block, acc 1 8-15 and 24-31), so a row gets the same bits here as in a batch. */
+/* RT input rows (rows of x xs floats apart) against OT weight rows, expanding each block of weights in
+ * registers (no scratch): what a decode or a short verify does. Accumulates in the order of `tile` (acc 0
+ * takes elements 0-7 and 16-23 of each block, acc 1 8-15 and 24-31), so a row gets the same bits here as
+ * in a larger batch. y[r * GROUP + o]. */
 static inline __attribute__((always_inline)) void row_tile(const int fmt, const uint8_t *w, int64_t row_bytes,
-                                                           const float *x, int Kp, const int OT, float *y) {
-    vec acc[4][2];
+                                                           const float *x, int64_t xs, int Kp, const int RT,
+                                                           const int OT, float *y) {
+    vec acc[2][4][2];
     float ks[4][16];
-    for (int o = 0; o < OT; o++) acc[o][0] = acc[o][1] = _mm256_setzero_ps();
+    for (int r = 0; r < RT; r++)
+        for (int o = 0; o < OT; o++) acc[r][o][0] = acc[r][o][1] = _mm256_setzero_ps();
     for (int b = 0; b < Kp / 32; b++) {
         if (fmt == FMT_Q4_K && b % 8 == 0)
             for (int o = 0; o < OT; o++) q4_k_scales(w + o * row_bytes + 144 * (b / 8), ks[o]);
@@ -298,31 +302,42 @@ static inline __attribute__((always_inline)) void row_tile(const int fmt, const 
         for (int o = 0; o < OT; o++) {
             vec f[4];
             block32(fmt, w + o * row_bytes, b, f, ks[o]);
-            acc[o][0] = _mm256_fmadd_ps(f[0], _mm256_loadu_ps(x + 32 * b), acc[o][0]);
-            acc[o][1] = _mm256_fmadd_ps(f[1], _mm256_loadu_ps(x + 32 * b + 8), acc[o][1]);
-            acc[o][0] = _mm256_fmadd_ps(f[2], _mm256_loadu_ps(x + 32 * b + 16), acc[o][0]);
-            acc[o][1] = _mm256_fmadd_ps(f[3], _mm256_loadu_ps(x + 32 * b + 24), acc[o][1]);
+            for (int r = 0; r < RT; r++) {
+                const float *xr = x + r * xs + 32 * b;
+                acc[r][o][0] = _mm256_fmadd_ps(f[0], _mm256_loadu_ps(xr), acc[r][o][0]);
+                acc[r][o][1] = _mm256_fmadd_ps(f[1], _mm256_loadu_ps(xr + 8), acc[r][o][1]);
+                acc[r][o][0] = _mm256_fmadd_ps(f[2], _mm256_loadu_ps(xr + 16), acc[r][o][0]);
+                acc[r][o][1] = _mm256_fmadd_ps(f[3], _mm256_loadu_ps(xr + 24), acc[r][o][1]);
+            }
         }
     }
-    for (int o = 0; o < OT; o++) y[o] = lane_sum(acc[o][0], acc[o][1]);
+    for (int r = 0; r < RT; r++)
+        for (int o = 0; o < OT; o++) y[r * GROUP + o] = lane_sum(acc[r][o][0], acc[r][o][1]);
 }
 
 static inline __attribute__((always_inline)) void row_group_fmt(const int fmt, const uint8_t *w, int64_t row_bytes,
-                                                                int no, const float *x, int Kp, float *y) {
-    if (no == GROUP) row_tile(fmt, w, row_bytes, x, Kp, GROUP, y);
+                                                                int no, const float *x, int64_t xs, int rows,
+                                                                int Kp, float *y) {
+    if (rows == 1 && no == GROUP) row_tile(fmt, w, row_bytes, x, xs, Kp, 1, GROUP, y);
+    else if (rows == 1)
+        for (int o = 0; o < no; o++) row_tile(fmt, w + o * row_bytes, row_bytes, x, xs, Kp, 1, 1, y + o);
     else
-        for (int o = 0; o < no; o++) row_tile(fmt, w + o * row_bytes, row_bytes, x, Kp, 1, y + o);
+        for (int o = 0; o < no; o += 2) {
+            if (no - o >= 2) row_tile(fmt, w + o * row_bytes, row_bytes, x, xs, Kp, 2, 2, y + o);
+            else row_tile(fmt, w + o * row_bytes, row_bytes, x, xs, Kp, 2, 1, y + o);
+        }
 }
 
-/* y[o] for the no (<= GROUP) weight rows at w and the single float32 input row x. */
-static void row_group(int fmt, const uint8_t *w, int64_t row_bytes, int no, const float *x, int Kp, float *y) {
+/* y[r * GROUP + o] for the no (<= GROUP) weight rows at w and rows (1 or 2) float32 input rows at x. */
+static void row_group(int fmt, const uint8_t *w, int64_t row_bytes, int no, const float *x, int64_t xs, int rows,
+                      int Kp, float *y) {
     switch (fmt) {
-    case FMT_F32: row_group_fmt(FMT_F32, w, row_bytes, no, x, Kp, y); break;
-    case FMT_BF16: row_group_fmt(FMT_BF16, w, row_bytes, no, x, Kp, y); break;
-    case FMT_Q8_0: row_group_fmt(FMT_Q8_0, w, row_bytes, no, x, Kp, y); break;
-    case FMT_Q4_0: row_group_fmt(FMT_Q4_0, w, row_bytes, no, x, Kp, y); break;
-    case FMT_Q4_1: row_group_fmt(FMT_Q4_1, w, row_bytes, no, x, Kp, y); break;
-    case FMT_Q4_K: row_group_fmt(FMT_Q4_K, w, row_bytes, no, x, Kp, y); break;
+    case FMT_F32: row_group_fmt(FMT_F32, w, row_bytes, no, x, xs, rows, Kp, y); break;
+    case FMT_BF16: row_group_fmt(FMT_BF16, w, row_bytes, no, x, xs, rows, Kp, y); break;
+    case FMT_Q8_0: row_group_fmt(FMT_Q8_0, w, row_bytes, no, x, xs, rows, Kp, y); break;
+    case FMT_Q4_0: row_group_fmt(FMT_Q4_0, w, row_bytes, no, x, xs, rows, Kp, y); break;
+    case FMT_Q4_1: row_group_fmt(FMT_Q4_1, w, row_bytes, no, x, xs, rows, Kp, y); break;
+    case FMT_Q4_K: row_group_fmt(FMT_Q4_K, w, row_bytes, no, x, xs, rows, Kp, y); break;
     }
 }
 #endif
@@ -386,10 +401,10 @@ int NAME(const uint8_t *w, int32_t fmt, int64_t w_row_bytes, int32_t N, int32_t 
             for (int g = 0; g < groups; g++) {                                                             \
                 const int o0 = g * GROUP, no = N - o0 < GROUP ? N - o0 : GROUP;                            \
                 const uint8_t *wg = w + (int64_t)o0 * w_row_bytes;                                         \
-                if (SIMD && nr == 1) { /* a decode: expand in registers */                                 \
-                    float y[GROUP];                                                                        \
-                    ROW_GROUP(fmt, wg, w_row_bytes, no, xs, Kp, y);                                        \
-                    epilogue_##SUFFIX(y, 1, no, out + (int64_t)r0 * out_stride, out_stride, o0, bias, mode); \
+                if (SIMD && nr <= IN_REGISTERS) { /* a decode or a short verify: expand in registers */    \
+                    float y[2 * GROUP];                                                                    \
+                    ROW_GROUP(fmt, wg, w_row_bytes, no, xs, Kp, nr, Kp, y);                                \
+                    epilogue_##SUFFIX(y, nr, no, out + (int64_t)r0 * out_stride, out_stride, o0, bias, mode); \
                     continue;                                                                              \
                 }                                                                                          \
                 const float *wf = wbuf;                                                                    \
