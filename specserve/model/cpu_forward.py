@@ -15,19 +15,21 @@ import ctypes
 import torch
 
 from specserve.model import kernels
-from specserve.model.cpu_linear import KernelLinear
+from specserve.model.cpu_linear import SMALL_ROWS, KernelLinear
 
 def can_run(model, x: torch.Tensor, kv_cache: torch.Tensor, meta) -> bool:
     """All of a step's tokens in the attention kernel, every projection a KernelLinear (gate/up
-    interleaved), CPU tensors of one kernel dtype, nothing for autograd or the profiler to record."""
+    interleaved) that takes this many rows itself, CPU tensors of one kernel dtype, nothing for
+    autograd or the profiler to record."""
     if not (x.is_cpu and x.dtype in kernels.DTYPES and kv_cache.dtype == x.dtype and kv_cache.is_cpu
             and x.is_contiguous() and kv_cache.is_contiguous() and meta.short is not None
             and meta.short.num_tokens == x.shape[0] and not torch.is_grad_enabled()
             and not torch.autograd._profiler_enabled() and kernels._library() is not None):
         return False
     layer = model.layers[0]
-    return all(isinstance(getattr(layer, n), KernelLinear) for n in ("qkv_proj", "o_proj", "down_proj")) \
-        and isinstance(layer.gate_up_proj, KernelLinear) and layer.gate_up_proj.interleaved
+    linears = [layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj]
+    return (all(isinstance(m, KernelLinear) for m in linears) and layer.gate_up_proj.interleaved
+            and (x.shape[0] <= SMALL_ROWS or all(m.large is None for m in linears)))
 
 
 class LinearArgs(ctypes.Structure):  # kernels/decoder.c's LinearArgs

@@ -22,6 +22,7 @@ from specserve.model import kernels
 
 QUANT_FORMATS = ("q8_0", "q4_0", "q4_1", "q4_k")
 DENSE_FORMATS = {torch.float32: "f32", torch.bfloat16: "bf16"}
+SMALL_ROWS = 16  # with batch invariance off, larger inputs take `KernelLinear.large` where there is one
 PAD = 32  # float32/bf16 rows are padded to a multiple of this many inputs (the kernel's block)
 # Offset of the nibbles in a block of each 4-bit format, and how many runs of 32 weights a block holds.
 Q4_LAYOUT = {"q4_0": (2, 1), "q4_1": (4, 1), "q4_k": (16, 8)}
@@ -98,10 +99,14 @@ class KernelLinear(nn.Module):
                        self.weight_data.stride(0) * self.weight_data.element_size(), self.out_features,
                        in_features, self.padded)
         self.bias_ptr = None if self.bias_f32 is None else self.bias_f32.data_ptr()
+        # With batch invariance off: oneDNN's packed weight (PackedLinear) for more than SMALL_ROWS rows,
+        # where it beats the kernel (float32 prefill: ~14.5 vs ~9 multiply-adds per cycle here).
+        self.large: nn.Module | None = None
 
     @classmethod
-    def from_linear(cls, linear: nn.Module, interleave: bool = False) -> "KernelLinear":
-        """A dense copy of an nn.Linear's float32/bf16 weight (rows padded), optionally gate/up interleaved."""
+    def from_linear(cls, linear: nn.Module, interleave: bool = False, large: nn.Module | None = None) -> "KernelLinear":
+        """A dense copy of an nn.Linear's float32/bf16 weight (rows padded), optionally gate/up interleaved;
+        `large`: a module computing the same layer (usual row order) for inputs of more than SMALL_ROWS rows."""
         w, bias = linear.weight.detach(), linear.bias
         fmt = DENSE_FORMATS[w.dtype]
         pad = -w.shape[1] % PAD
@@ -109,7 +114,9 @@ class KernelLinear(nn.Module):
         if interleave:
             packed = interleave_rows(packed)
             bias = None if bias is None else interleave_rows(bias.detach())
-        return cls(packed, fmt, w.shape[1], bias, interleave)
+        module = cls(packed, fmt, w.shape[1], bias, interleave)
+        module.large = large
+        return module
 
     @classmethod
     def from_gguf_blocks(cls, blocks: torch.Tensor, fmt: str, in_features: int, bias: torch.Tensor | None = None,
@@ -154,24 +161,31 @@ class KernelLinear(nn.Module):
         return kernels.linear(x, self.weight_data, self.fmt, self.in_features, self.padded, self.bias_f32,
                               out, mode)
 
+    def _kernel_takes(self, x: torch.Tensor) -> bool:
+        """The kernel, unless autograd, another dtype or device (torch on the dequantized weights), or
+        a `large` path for this many rows (batch invariance off)."""
+        return kernels.linear_supported(x) and (self.large is None or x.shape[0] <= SMALL_ROWS)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
-        if not kernels.linear_supported(flat):  # autograd, other dtypes or devices: torch, dequantized
-            bias = None if self.bias_f32 is None else self._usual_order(self.bias_f32).to(x.dtype)
-            return F.linear(x, self.dense_weight().to(x.device, x.dtype), bias)
-        y = self._usual_order(self._run(flat, None, "store"))
-        return y.reshape(*x.shape[:-1], self.out_features)
+        if self._kernel_takes(flat):
+            y = self._usual_order(self._run(flat, None, "store"))
+            return y.reshape(*x.shape[:-1], self.out_features)
+        if self.large is not None and kernels.linear_supported(flat):
+            return self.large(x)
+        bias = None if self.bias_f32 is None else self._usual_order(self.bias_f32).to(x.dtype)
+        return F.linear(x, self.dense_weight().to(x.device, x.dtype), bias)
 
     def add_into(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """residual += self(x), in place, rounded as `residual + self(x)` is; returns residual."""
-        if kernels.linear_supported(x) and residual.is_contiguous() and not self.interleaved:
+        if self._kernel_takes(x) and residual.is_contiguous() and not self.interleaved:
             self._run(x, residual, "add")
             return residual
         return residual.add_(self(x))
 
     def swiglu(self, x: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up for a fused [gate; up] projection: [rows, out_features / 2]."""
-        if self.interleaved and kernels.linear_supported(x):
+        if self.interleaved and self._kernel_takes(x):
             return self._run(x, None, "swiglu")
         gate, up = self(x).chunk(2, dim=-1)
         return F.silu(gate) * up

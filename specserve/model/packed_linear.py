@@ -64,14 +64,23 @@ def pack_linears(model: nn.Module) -> int:
     """Replace every nn.Linear of `model` (in place) for inference: by a KernelLinear (our C kernel,
     `cpu_linear.py`) where it can run, else by a PackedLinear where oneDNN supports it. A decoder layer's
     gate/up projection keeps its rows interleaved so that the kernel returns silu(gate) * up directly.
+    With batch invariance off (SPECSERVE_BATCH_INVARIANT=0, read here), a KernelLinear also keeps a
+    PackedLinear for inputs of more than 16 rows where oneDNN packs the dtype.
     Returns how many were replaced; 0 on other devices, dtypes or builds (plain F.linear stays)."""
+    from specserve.model.attention import batch_invariant
     from specserve.model.cpu_linear import kernel_can_run
     targets = [(parent, name, child) for parent in model.modules()
                for name, child in parent.named_children() if isinstance(child, nn.Linear)]
     count = 0
     for parent, name, linear in targets:
         if kernel_can_run(linear.weight):
-            setattr(parent, name, KernelLinear.from_linear(linear, interleave=name == "gate_up_proj"))
+            large = None
+            if not batch_invariant() and can_pack(linear.weight):  # oneDNN for prefill-sized inputs
+                try:
+                    large = PackedLinear(linear)
+                except RuntimeError:
+                    pass
+            setattr(parent, name, KernelLinear.from_linear(linear, interleave=name == "gate_up_proj", large=large))
             count += 1
             continue
         if not can_pack(linear.weight):

@@ -66,3 +66,24 @@ def test_pack_linears_leaves_unsupported_dtypes_alone():
     model = nn.Sequential(nn.Linear(16, 8)).to(torch.float16)
     assert pack_linears(model) == 0
     assert isinstance(model[0], nn.Linear)
+
+
+@pytest.mark.skipif(not kernel_can_run(torch.zeros(1)), reason="no C compiler: no kernel here")
+def test_without_batch_invariance_large_inputs_take_onednn(monkeypatch):
+    monkeypatch.setenv("SPECSERVE_BATCH_INVARIANT", "0")
+    torch.manual_seed(0)
+    gate_up = nn.Linear(64, 128)
+    holder = nn.Module()
+    holder.gate_up_proj = gate_up
+    pack_linears(holder)
+    k = holder.gate_up_proj
+    assert isinstance(k, KernelLinear) and isinstance(k.large, PackedLinear) and k.interleaved
+    for rows in (4, 40):
+        x = torch.randn(rows, 64)
+        with torch.no_grad():
+            want = gate_up(x)
+            assert torch.allclose(k(x), want, atol=1e-5)  # the kernel (4 rows) or oneDNN (40)
+            gate, up = want.chunk(2, dim=-1)
+            assert torch.allclose(k.swiglu(x), torch.nn.functional.silu(gate) * up, atol=1e-5)
+            residual = torch.randn(rows, 128)
+            assert torch.allclose(k.add_into(x, residual.clone()), residual + want, atol=1e-5)
