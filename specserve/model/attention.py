@@ -44,11 +44,12 @@ GROUP_OVERHEAD_BLOCKS = 24
 
 
 def batch_invariant() -> bool:
-    """Whether a row's result must not depend on what else its step carries (SPECSERVE_BATCH_INVARIANT,
-    default on): then the C kernels take every row count, prefill chunks included, so that a prefill
-    (a recompute after preemption) rounds exactly as the decodes and verifies of the same tokens did.
-    Off: prefill chunks take torch's SDPA and long inputs torch's matmuls (docs/cpu-kernels.md)."""
-    return os.environ.get("SPECSERVE_BATCH_INVARIANT", "1") != "0"
+    """Whether a row's attention must not depend on what else its step carries (SPECSERVE_BATCH_INVARIANT
+    not "0"; the default): then the C kernel takes every query, prefill chunks included, so that a prefill
+    (a recompute after preemption) rounds exactly as the decodes and verifies of the same tokens did. It
+    cost +2% on a 256-token bf16 prefill here against SDPA (docs/cpu-kernels.md). The linear layers'
+    side of the setting is `cpu_linear.invariant_linears`."""
+    return os.environ.get("SPECSERVE_BATCH_INVARIANT", "") != "0"
 
 
 @dataclass(slots=True)

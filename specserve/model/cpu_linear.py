@@ -13,6 +13,8 @@ returns silu(gate) * up straight from the kernel, with no [rows, 2 * intermediat
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -26,6 +28,15 @@ SMALL_ROWS = 16  # with batch invariance off, larger inputs take `KernelLinear.l
 PAD = 32  # float32/bf16 rows are padded to a multiple of this many inputs (the kernel's block)
 # Offset of the nibbles in a block of each 4-bit format, and how many runs of 32 weights a block holds.
 Q4_LAYOUT = {"q4_0": (2, 1), "q4_1": (4, 1), "q4_k": (16, 8)}
+
+
+def invariant_linears(dtype: torch.dtype) -> bool:
+    """Whether linear layers of this weight dtype take our kernel for every row count (batch invariant)
+    rather than oneDNN's packed weight above SMALL_ROWS rows. SPECSERVE_BATCH_INVARIANT=1: always;
+    =0: never; unset: all but float32, where oneDNN's prefill GEMM is fast enough that invariance cost
+    +32% of a 256-token prefill here (bf16: oneDNN cannot pack it without AVX-512, ours is 5x F.linear)."""
+    setting = os.environ.get("SPECSERVE_BATCH_INVARIANT", "")
+    return setting == "1" or (setting != "0" and dtype != torch.float32)
 
 
 def kernel_can_run(weight: torch.Tensor) -> bool:

@@ -64,18 +64,17 @@ def pack_linears(model: nn.Module) -> int:
     """Replace every nn.Linear of `model` (in place) for inference: by a KernelLinear (our C kernel,
     `cpu_linear.py`) where it can run, else by a PackedLinear where oneDNN supports it. A decoder layer's
     gate/up projection keeps its rows interleaved so that the kernel returns silu(gate) * up directly.
-    With batch invariance off (SPECSERVE_BATCH_INVARIANT=0, read here), a KernelLinear also keeps a
-    PackedLinear for inputs of more than 16 rows where oneDNN packs the dtype.
+    Where `cpu_linear.invariant_linears` says so (float32 weights by default), a KernelLinear also keeps
+    a PackedLinear for inputs of more than 16 rows where oneDNN packs the dtype.
     Returns how many were replaced; 0 on other devices, dtypes or builds (plain F.linear stays)."""
-    from specserve.model.attention import batch_invariant
-    from specserve.model.cpu_linear import kernel_can_run
+    from specserve.model.cpu_linear import invariant_linears, kernel_can_run
     targets = [(parent, name, child) for parent in model.modules()
                for name, child in parent.named_children() if isinstance(child, nn.Linear)]
     count = 0
     for parent, name, linear in targets:
         if kernel_can_run(linear.weight):
             large = None
-            if not batch_invariant() and can_pack(linear.weight):  # oneDNN for prefill-sized inputs
+            if not invariant_linears(linear.weight.dtype) and can_pack(linear.weight):  # prefill-sized
                 try:
                     large = PackedLinear(linear)
                 except RuntimeError:

@@ -42,10 +42,19 @@ def run(model, cache, seqs):
         return model.compute_logits(model(ids, meta, cache))
 
 
+def invariance(monkeypatch, dtype):
+    """Default (unset) for bf16; float32 dense linears need SPECSERVE_BATCH_INVARIANT=1 (by default
+    their prefill-sized inputs take oneDNN, see cpu_linear.invariant_linears)."""
+    if dtype == torch.float32:
+        monkeypatch.setenv("SPECSERVE_BATCH_INVARIANT", "1")
+    else:
+        monkeypatch.delenv("SPECSERVE_BATCH_INVARIANT", raising=False)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("quantization", [None, "q4_0"])
 def test_logits_are_the_same_bits_however_the_tokens_are_batched(dtype, quantization, monkeypatch):
-    monkeypatch.delenv("SPECSERVE_BATCH_INVARIANT", raising=False)  # on by default
+    invariance(monkeypatch, dtype)
     model = tiny(dtype, quantization)
     c = model.config
     cache = lambda: allocate_kv_cache(c.num_hidden_layers, 40, BLOCK, c.num_key_value_heads, c.head_dim, dtype)  # noqa: E731
@@ -66,6 +75,7 @@ def test_logits_are_the_same_bits_however_the_tokens_are_batched(dtype, quantiza
 def test_the_one_call_forward_gives_the_bits_of_the_layer_by_layer_one(dtype, monkeypatch):
     """cpu_forward.run_layers (all layers in one C call) against DecoderLayer.forward on the same kernels."""
     from specserve.model import cpu_forward
+    invariance(monkeypatch, dtype)
     model = tiny(dtype, None)
     c = model.config
     toks = torch.randint(0, 300, (40,), generator=torch.Generator().manual_seed(2)).tolist()
@@ -76,3 +86,12 @@ def test_the_one_call_forward_gives_the_bits_of_the_layer_by_layer_one(dtype, mo
         kv = allocate_kv_cache(c.num_hidden_layers, 40, BLOCK, c.num_key_value_heads, c.head_dim, dtype)
         results.append(torch.cat([run(model, kv, seqs) for seqs in steps]))
     assert torch.equal(results[0], results[1])
+
+
+def test_float32_linears_take_onednn_for_prefills_by_default(monkeypatch):
+    from specserve.model.packed_linear import can_pack
+    monkeypatch.delenv("SPECSERVE_BATCH_INVARIANT", raising=False)
+    model = tiny(torch.float32, None)
+    large = model.layers[0].qkv_proj.large
+    assert (large is not None) == can_pack(torch.zeros(1))
+    assert tiny(torch.bfloat16, None).layers[0].qkv_proj.large is None
