@@ -5,20 +5,10 @@ from torch import nn
 from specserve.model.cpu_linear import KernelLinear, kernel_can_run
 from specserve.model.packed_linear import PackedLinear, can_pack, pack_linears
 
-pytestmark = pytest.mark.skipif(not can_pack(torch.zeros(1, dtype=torch.bfloat16)),
-                                reason="no oneDNN bf16 linear packing in this torch build or on this CPU")
-
-
-def _onednn_packs(dtype) -> bool:
-    """oneDNN packs bf16 weights only on CPUs with AVX-512 (or AVX-NE-CONVERT)."""
-    try:
-        PackedLinear(nn.Linear(8, 8).to(dtype))
-    except RuntimeError:
-        return False
-    return True
-
-
-needs_bf16_packing = pytest.mark.skipif(not _onednn_packs(torch.bfloat16), reason="oneDNN cannot pack bf16 on this CPU")
+pytestmark = pytest.mark.skipif(not can_pack(torch.zeros(1)), reason="no oneDNN linear packing in this torch build")
+# oneDNN packs bf16 weights only on CPUs with AVX-512 (or AVX-NE-CONVERT): those tests need one.
+needs_bf16_packing = pytest.mark.skipif(not can_pack(torch.zeros(1, dtype=torch.bfloat16)),
+                                        reason="oneDNN cannot pack bf16 on this CPU")
 
 
 @pytest.mark.parametrize("dtype,tol", [pytest.param(torch.bfloat16, 0.0, marks=needs_bf16_packing),
