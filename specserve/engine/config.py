@@ -46,6 +46,7 @@ class EngineConfig:
     speculative_config: SpeculativeConfig | dict | str | None = None
     slo_tpot_ms: float | None = None  # default TPOT / TTFT objectives of requests that set none
     slo_ttft_ms: float | None = None
+    quantization: str | None = None  # None, "gguf", "q8_0", "q4_0", "q4_1": see model/quantize.py
 
     def __post_init__(self):
         self.speculative_config = SpeculativeConfig.parse(self.speculative_config)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import os
 import time
 
 import torch
@@ -48,10 +49,12 @@ class EngineInfo:
 
 
 def profile_step_costs(runner, proposer, config: EngineConfig, target, drafts) -> StepCostModel:
-    """The step cost model's startup sweep, cached per model pair, device, dtype, threads and budget."""
+    """The step cost model's startup sweep, cached per model pair, device, dtype, quantization, kernels,
+    threads and budget."""
+    kernels = [os.environ.get(v) for v in ("SPECSERVE_CPU_KERNELS", "SPECSERVE_BATCH_INVARIANT")]
     key = "|".join(map(str, [target.path, [d.path for d in drafts], config.device, config.dtype,
-                             torch.get_num_threads(), config.max_num_batched_tokens, config.block_size,
-                             torch.__version__]))
+                             config.quantization, kernels, torch.get_num_threads(), config.max_num_batched_tokens,
+                             config.block_size, torch.__version__]))
     return StepCostModel.profile(runner, draft_runners(proposer), config.max_num_batched_tokens, key)
 
 
@@ -61,7 +64,7 @@ class LLMEngine:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         torch.manual_seed(config.seed)  # unseeded requests draw their generator seeds from here
-        target = load_model(config.model, config.dtype, config.device)
+        target = load_model(config.model, config.dtype, config.device, quantization=config.quantization)
         self.model_config = target.config
         self.tokenizer = target.tokenizer
         self.max_model_len = config.max_model_len or min(target.config.max_position_embeddings, 4096)

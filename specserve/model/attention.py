@@ -25,6 +25,7 @@ batched matmul without repeating keys. Scores are taken in float32 for the softm
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -33,10 +34,22 @@ import torch.nn.functional as F
 from specserve.model.kernels import short_attention
 
 SHORT_QUERY_MAX = 16  # decodes and verifies (k+1 <= 16) share a group; longer queries are prefill chunks
+# With batch invariance on (the default, see `batch_invariant`), the C kernel takes every query, prefill
+# chunks too, in pieces of this many tokens.
+KERNEL_QUERY_CHUNK = 32
 # A further group costs about as much as gathering and multiplying this many padded key blocks per
 # sequence (~0.1 ms of per-layer op overhead vs ~4 us per block on the CPU): short queries start a new
 # group when joining the current one would pad more blocks than that.
 GROUP_OVERHEAD_BLOCKS = 24
+
+
+def batch_invariant() -> bool:
+    """Whether a row's attention must not depend on what else its step carries (SPECSERVE_BATCH_INVARIANT
+    not "0"; the default): then the C kernel takes every query, prefill chunks included, so that a prefill
+    (a recompute after preemption) rounds exactly as the decodes and verifies of the same tokens did. It
+    cost +2% on a 256-token bf16 prefill here against SDPA (docs/cpu-kernels.md). The linear layers'
+    side of the setting is `cpu_linear.invariant_linears`."""
+    return os.environ.get("SPECSERVE_BATCH_INVARIANT", "") != "0"
 
 
 @dataclass(slots=True)
@@ -86,17 +99,26 @@ class AttentionMetadata:
             slots.extend(table[p // block_size] * block_size + p % block_size for p in pos)
             starts.append(start)
             start += q
-        short = [i for i, q in enumerate(q_lens) if q <= SHORT_QUERY_MAX]
-        long = [i for i, q in enumerate(q_lens) if q > SHORT_QUERY_MAX]
+        to_kernel = [short_kernel and (q <= SHORT_QUERY_MAX or batch_invariant()) for q in q_lens]
+        short = [i for i, k in enumerate(to_kernel) if k or q_lens[i] <= SHORT_QUERY_MAX]
+        long = [i for i, k in enumerate(to_kernel) if not k and q_lens[i] > SHORT_QUERY_MAX]
         used_blocks = [(c + block_size - 1) // block_size for c in ctx_lens]
         short_queries = None
         if short_kernel and short:
-            width = max(used_blocks[i] for i in short)
+            # A long query goes to the kernel in pieces of KERNEL_QUERY_CHUNK tokens, each as if it were a
+            # sequence ending at its last token: a piece reads only the keys its rows may see, and the
+            # pieces spread over the threads. A row's arithmetic is the same in any piece (kernel comment).
+            pieces = []  # (first row, rows, context up to its last row, sequence)
+            for i in short:
+                for a in range(0, q_lens[i], KERNEL_QUERY_CHUNK):
+                    n = min(KERNEL_QUERY_CHUNK, q_lens[i] - a)
+                    pieces.append((starts[i] + a, n, ctx_lens[i] - q_lens[i] + a + n, i))
+            blocks = [-(-c // block_size) for _, _, c, _ in pieces]
+            width = max(blocks)
             short_queries = ShortQueries(
-                torch.tensor([[starts[i] for i in short], [q_lens[i] for i in short],
-                              [ctx_lens[i] for i in short]], dtype=torch.int32, device=device),
-                torch.tensor([list(block_tables[i][:used_blocks[i]]) + [0] * (width - used_blocks[i])
-                              for i in short], dtype=torch.int32, device=device),
+                torch.tensor([[p[j] for p in pieces] for j in range(3)], dtype=torch.int32, device=device),
+                torch.tensor([list(block_tables[p[3]][:n]) + [0] * (width - n) for p, n in zip(pieces, blocks)],
+                             dtype=torch.int32, device=device),
                 sum(q_lens[i] for i in short))
             short = []
         groups = [_build_group(members, q_lens, ctx_lens, used_blocks, block_tables, starts, block_size,

@@ -10,7 +10,8 @@ import torch
 from specserve.errors import ModelLoadError
 from specserve.model.config import ModelConfig
 
-SUPPORTED_QUANTS = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1"}
+# Dequantized at load (gguf-py); Q8_0, Q4_0, Q4_1 and Q4_K can also stay quantized (model/quantize.py).
+SUPPORTED_QUANTS = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K"}
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 
 # GGUF tensor name (per block: after "blk.N.") -> HF name (after "model.layers.N.").

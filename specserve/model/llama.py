@@ -9,9 +9,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specserve.model import kernels
+from specserve.model import cpu_forward, kernels
 from specserve.model.attention import AttentionMetadata, paged_attention
 from specserve.model.config import ModelConfig
+from specserve.model.cpu_linear import KernelLinear
 from specserve.model.rope import apply_rope, rope_table
 
 
@@ -48,20 +49,30 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
-        """x: [T, hidden]; kv: [2, num_blocks, Hkv, block_size, D] (this layer's cache)."""
+        """x: [T, hidden]; kv: [2, num_blocks, Hkv, block_size, D] (this layer's cache). With KernelLinear
+        projections (inference on the CPU) x is updated in place and returned."""
         h = self.input_layernorm(x)
         qk, v = self.qkv_proj(h).split([self.q_size + self.kv_size, self.kv_size], dim=-1)
         # Queries and keys rotate together: one rope call per layer (its ~10 small ops are per call).
         qk = apply_rope(qk.reshape(-1, self.num_heads + self.num_kv_heads, self.head_dim), cos, sin)
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        x = x + self.o_proj(paged_attention(q, k, v, kv[0], kv[1], meta, self.scale))
-        return x + self.down_proj(self.swiglu(self.post_attention_layernorm(x)))
+        x = _add_linear(self.o_proj, paged_attention(q, k, v, kv[0], kv[1], meta, self.scale), x)
+        return _add_linear(self.down_proj, self.swiglu(self.post_attention_layernorm(x)), x)
 
     def swiglu(self, h: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up [T, intermediate] from the fused [gate; up] projection."""
+        if isinstance(self.gate_up_proj, KernelLinear):  # straight from the kernel, no [T, 2 I] in between
+            return self.gate_up_proj.swiglu(h)
         gate, up = self.gate_up_proj(h).chunk(2, dim=-1)
         return F.silu(gate) * up
+
+
+def _add_linear(linear: nn.Module, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """x + linear(h); with our kernel, added into x in place (x is the residual stream the layer owns)."""
+    if isinstance(linear, KernelLinear) and not (torch.is_grad_enabled() and x.requires_grad):
+        return linear.add_into(h, x)
+    return x + linear(h)
 
 
 class LlamaModel(nn.Module):
@@ -107,6 +118,8 @@ class LlamaModel(nn.Module):
         cos_sin = self.rope[meta.positions]  # [T, 2, D/2]
         cos, sin = cos_sin[:, 0, None], cos_sin[:, 1, None]
         x = self.embed(input_ids, features)
+        if cpu_forward.can_run(self, x, kv_cache, meta):  # the same arithmetic without per-op overhead
+            return self.norm(cpu_forward.run_layers(self, x, cos, sin, kv_cache, meta))
         for layer, kv in zip(self.layers, kv_cache):
             x = layer(x, cos, sin, kv, meta)
         return self.norm(x)

@@ -10,7 +10,7 @@ import torch
 from specserve.errors import ModelLoadError
 from specserve.model.config import ModelConfig
 from specserve.model.llama import LlamaModel
-from specserve.model.registry import resolve
+from specserve.model.registry import ALIASES, gguf_path, resolve
 from specserve.model.tokenizer import Tokenizer
 from specserve.model.weights import load_hf_state_dict, read_safetensors
 
@@ -60,9 +60,18 @@ def build_model(config: ModelConfig, state_dict: dict, dtype: torch.dtype, devic
     return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
 
-def load_model(name: str, dtype: str | torch.dtype = "float32", device: str = "cpu") -> LoadedModel:
+def load_model(name: str, dtype: str | torch.dtype = "float32", device: str = "cpu",
+               quantization: str | None = None) -> LoadedModel:
+    """quantization: None keeps every weight dense in `dtype` (a GGUF file dequantized); "gguf" keeps a
+    GGUF file's Q8_0/Q4_0/Q4_1/Q4_K matrices as they are (an alias of a GGUF model loads from its file);
+    "q8_0", "q4_0" or "q4_1" quantizes the matrices at load (`model/quantize.py`)."""
     path = resolve(name)
     dtype = parse_dtype(dtype)
+    if quantization == "gguf" and path.suffix != ".gguf":
+        if name not in ALIASES or not gguf_path(name).exists():
+            raise ModelLoadError(f"quantization 'gguf' needs a .gguf model; {name!r} is not one")
+        path = gguf_path(name)
+    g = None
     if path.suffix == ".gguf":
         from tokenizers import Tokenizer as HFTokenizer
 
@@ -81,4 +90,7 @@ def load_model(name: str, dtype: str | torch.dtype = "float32", device: str = "c
         config.eos_token_id = eos
         tokenizer = Tokenizer.from_dir(path, eos)
         model = build_model(config, read_safetensors(path), dtype, device)
+    if quantization is not None:
+        from specserve.model.quantize import quantize_model
+        quantize_model(model, quantization, g)
     return LoadedModel(model, tokenizer, config, path)

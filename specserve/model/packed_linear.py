@@ -13,6 +13,8 @@ import functools
 import torch
 from torch import nn
 
+from specserve.model.cpu_linear import KernelLinear
+
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 # oneDNN picks a slower kernel for 1-2 input rows than for 3 (memory-bound shapes, so the padding rows are
 # nearly free): padding to 3 made a target forward over 2 rows -- a k = 1 verify, a batch-2 decode --
@@ -59,12 +61,27 @@ class PackedLinear(nn.Module):
 
 
 def pack_linears(model: nn.Module) -> int:
-    """Replace every nn.Linear of `model` (in place) by a PackedLinear where oneDNN supports it.
+    """Replace every nn.Linear of `model` (in place) for inference: by a KernelLinear (our C kernel,
+    `cpu_linear.py`) where it can run, else by a PackedLinear where oneDNN supports it. A decoder layer's
+    gate/up projection keeps its rows interleaved so that the kernel returns silu(gate) * up directly.
+    Where `cpu_linear.invariant_linears` says so (float32 weights by default), a KernelLinear also keeps
+    a PackedLinear for inputs of more than 16 rows where oneDNN packs the dtype.
     Returns how many were replaced; 0 on other devices, dtypes or builds (plain F.linear stays)."""
+    from specserve.model.cpu_linear import invariant_linears, kernel_can_run
     targets = [(parent, name, child) for parent in model.modules()
                for name, child in parent.named_children() if isinstance(child, nn.Linear)]
     count = 0
     for parent, name, linear in targets:
+        if kernel_can_run(linear.weight):
+            large = None
+            if not invariant_linears(linear.weight.dtype) and can_pack(linear.weight):  # prefill-sized
+                try:
+                    large = PackedLinear(linear)
+                except RuntimeError:
+                    pass
+            setattr(parent, name, KernelLinear.from_linear(linear, interleave=name == "gate_up_proj", large=large))
+            count += 1
+            continue
         if not can_pack(linear.weight):
             continue
         try:

@@ -71,7 +71,7 @@ def write_gguf(path, hf_state_dict, cfg, qtype="Q8_0", arch="llama"):
             stored = _permute(a, cfg["heads"])
         elif "k_proj" in name:
             stored = _permute(a, cfg["kv_heads"])
-        q = quants.quantize(stored, qt)
+        q = random_q4_k(stored.shape) if qtype == "Q4_K" else quants.quantize(stored, qt)
         w.add_tensor(gname, q, raw_dtype=qt)
         deq = quants.dequantize(q, qt).reshape(a.shape)
         if "q_proj" in name:  # what the loader must give back: the un-permuted dequantized matrix
@@ -84,6 +84,18 @@ def write_gguf(path, hf_state_dict, cfg, qtype="Q8_0", arch="llama"):
     w.write_tensors_to_file()
     w.close()
     return expected
+
+
+def random_q4_k(shape, seed=0):
+    """Q4_K blocks for a matrix of `shape` (inner dim a multiple of 256): gguf-py cannot quantize to Q4_K,
+    so random nibbles and 6-bit scales under small f16 super-scales; the loader must reproduce whatever
+    they dequantize to."""
+    rng = np.random.default_rng(seed + shape[0])
+    rows, blocks = shape[0], shape[1] // 256
+    b = rng.integers(0, 256, size=(rows, blocks, 144), dtype=np.uint8)
+    b[..., 0:4] = np.frombuffer(rng.uniform(1e-3, 0.02, rows * blocks * 2).astype(np.float16).tobytes(),
+                                np.uint8).reshape(rows, blocks, 4)
+    return b.reshape(rows, blocks * 144)
 
 
 def _permute_back(w, n_heads):

@@ -1,10 +1,12 @@
 """CPU kernels in plain C, compiled on first use with the system's C compiler and loaded with ctypes.
 
-Kernels: attention of short queries over the paged KV cache (`paged_attention.c`), RMSNorm
-(`rms_norm.c`), rotary embedding (`rope.c`), the greedy argmax of logit rows (`argmax.c`). They are
-optimisations only: without a compiler, on other devices or dtypes, with autograd recording, or with
+Kernels: attention of short queries over the paged KV cache and the cache writes (`paged_attention.c`),
+RMSNorm (`rms_norm.c`), rotary embedding (`rope.c`), the greedy argmax of logit rows (`argmax.c`),
+linear layers on float32, bf16 and GGUF-quantized weights (`linear.c`), and all of a step's decoder layers in one call (`decoder.c`). They are optimisations only:
+without a compiler, on other devices or dtypes, with autograd recording, or with
 SPECSERVE_CPU_KERNELS=0, torch ops run instead (`model/attention.py`'s gather path, F.rms_norm,
-`rope.apply_rope`'s ops, torch.argmax; same results up to float rounding).
+`rope.apply_rope`'s ops, torch.argmax, F.linear on dequantized weights; same results up to float
+rounding). `model/cpu_forward.py` calls them directly for whole decoder layers.
 
 All go into one library, built for this CPU (-march=native) into the cache directory and named by a
 hash of the sources, the flags and the CPU, so an edited source or another machine sharing the cache
@@ -36,6 +38,9 @@ HEADERS = sorted(Path(__file__).parent.glob("*.h"))
 # the compile step only: linked with it, gcc adds a constructor that turns on flush-to-zero for the
 # whole process on load, which would change torch's own arithmetic.
 COMPILE = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-c"]
+# Sources whose floating-point order is their contract (batch invariance: linear.c): no -ffast-math,
+# which would let gcc reassociate their sums, and no contraction of a * b + c beyond the written FMAs.
+PRECISE = {"linear": ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-c"]}
 LINK = ["-shared", "-fopenmp", "-lmvec", "-lm"]
 DTYPES = {torch.bfloat16: "bf16", torch.float32: "f32"}
 PROFILER_PREFIX = "specserve::"
@@ -51,9 +56,17 @@ def _cpu_id() -> str:
     return platform.processor() or platform.machine()
 
 
+def _flags(src: Path) -> list[str]:
+    """Compile flags of one source; SPECSERVE_CPU_KERNELS_MARCH (e.g. x86-64) builds for another CPU
+    than this one (the tests build the portable code paths so)."""
+    march = "-march=" + os.environ.get("SPECSERVE_CPU_KERNELS_MARCH", "native")
+    return [march if f == "-march=native" else f for f in PRECISE.get(src.stem, COMPILE)]
+
+
 def _build(compiler: str) -> Path:
     key = hashlib.sha256(b"".join(src.read_bytes() for src in SOURCES + HEADERS)
-                         + " ".join([compiler, *COMPILE, *LINK, _cpu_id()]).encode())
+                         + " ".join([compiler, *(f for src in SOURCES for f in _flags(src)), *LINK,
+                                     _cpu_id()]).encode())
     target = cache_dir() / "kernels" / f"specserve-kernels-{key.hexdigest()[:16]}.so"
     if target.exists():
         return target
@@ -61,7 +74,7 @@ def _build(compiler: str) -> Path:
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:  # atomic: concurrent builds race safely
         objects = [str(Path(tmp) / f"{src.stem}.o") for src in SOURCES]
         for src, obj in zip(SOURCES, objects):
-            subprocess.run([compiler, *COMPILE, "-o", obj, str(src)], check=True, capture_output=True, text=True)
+            subprocess.run([compiler, *_flags(src), "-o", obj, str(src)], check=True, capture_output=True, text=True)
         built = Path(tmp) / target.name
         subprocess.run([compiler, "-o", str(built), *objects, *LINK], check=True, capture_output=True, text=True)
         os.replace(built, target)
@@ -95,6 +108,23 @@ def _library() -> ctypes.CDLL | None:
         fn.restype = None
         fn.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 2 + [ctypes.c_int64, ctypes.c_void_p] + [
             ctypes.c_int32] * 4
+        fn = getattr(lib, f"linear_{suffix}")
+        fn.restype = ctypes.c_int
+        fn.argtypes = ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64] + [ctypes.c_int32] * 3
+                       + [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p,
+                          ctypes.c_int64, ctypes.c_int32, ctypes.c_int32])
+        fn = getattr(lib, f"decoder_layers_{suffix}")
+        fn.restype = ctypes.c_int
+        fn.argtypes = ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p] + [ctypes.c_int32] * 2
+                       + [ctypes.c_void_p] * 5 + [ctypes.c_int32] * 4 + [ctypes.c_void_p] * 2
+                       + [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int32,
+                          ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p] + [ctypes.c_int32] * 3)
+    lib.kv_write.restype = None
+    lib.kv_write.argtypes = ([ctypes.c_void_p, ctypes.c_int64] * 2 + [ctypes.c_void_p] * 3
+                             + [ctypes.c_int32] * 5)
+    lib.dequantize_rows.restype = None
+    lib.dequantize_rows.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_int32,
+                                    ctypes.c_int32, ctypes.c_void_p, ctypes.c_int32]
     lib.argmax_rows_f32.restype = None
     lib.argmax_rows_f32.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32,
                                     ctypes.c_void_p, ctypes.c_int32]
@@ -185,4 +215,44 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
     with _profiler_range("argmax"):
         _library().argmax_rows_f32(logits.data_ptr(), logits.stride(0), logits.shape[0], logits.shape[1],
                                    out.data_ptr(), torch.get_num_threads())
+    return out
+
+
+# Weight formats of `linear` (codes of linear.c) and, for the GGUF ones, (weights per block, bytes per block).
+WEIGHT_FORMATS = {"f32": 0, "bf16": 1, "q8_0": 2, "q4_0": 3, "q4_1": 4, "q4_k": 5}
+GGUF_BLOCKS = {"q8_0": (32, 34), "q4_0": (32, 18), "q4_1": (32, 20), "q4_k": (256, 144)}
+LINEAR_MODES = {"store": 0, "add": 1, "swiglu": 2}
+
+
+def linear_supported(x: torch.Tensor) -> bool:
+    """Whether `linear` can take x: 2-D rows with unit stride, `_inference_cpu`."""
+    return x.dim() == 2 and x.stride(1) == 1 and _inference_cpu(x)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, fmt: str, in_features: int, padded: int,
+           bias: torch.Tensor | None = None, out: torch.Tensor | None = None, mode: str = "store") -> torch.Tensor:
+    """y = x W^T (+ bias) with W held in `weight` as `fmt` rows (linear.c): x [rows, in_features];
+    weight [N, row bytes or padded elements]; bias float32 [N]. mode "store" returns a new (or fills
+    `out`) [rows, N]; "add" adds the result into `out` (rounded as `out + y` is); "swiglu" returns
+    silu(gate) * up [rows, N / 2] from outputs interleaved gate_0, up_0, gate_1, ... ."""
+    rows, n = x.shape[0], weight.shape[0]
+    if out is None:
+        out = torch.empty(rows, n // 2 if mode == "swiglu" else n, dtype=x.dtype)
+    assert out.stride(1) == 1 and out.dtype == x.dtype and weight.is_contiguous()
+    assert bias is None or (bias.dtype == torch.float32 and bias.is_contiguous())
+    with _profiler_range("linear"):
+        status = getattr(_library(), f"linear_{DTYPES[x.dtype]}")(
+            weight.data_ptr(), WEIGHT_FORMATS[fmt], weight.stride(0) * weight.element_size(), n, in_features,
+            padded, x.data_ptr(), x.stride(0), rows, None if bias is None else bias.data_ptr(), out.data_ptr(),
+            out.stride(0), LINEAR_MODES[mode], torch.get_num_threads())
+    if status != 0:
+        raise MemoryError("linear kernel: out of memory for its scratch buffer")
+    return out
+
+
+def dequantize(weight: torch.Tensor, fmt: str, in_features: int) -> torch.Tensor:
+    """The float32 matrix [N, in_features] that `weight` (rows in `fmt`) holds, exactly."""
+    out = torch.empty(weight.shape[0], in_features, dtype=torch.float32)
+    _library().dequantize_rows(weight.data_ptr(), WEIGHT_FORMATS[fmt], weight.stride(0) * weight.element_size(),
+                               weight.shape[0], in_features, out.data_ptr(), torch.get_num_threads())
     return out

@@ -294,3 +294,20 @@ int NAME(const T *q, int64_t q_stride, const T *kc, const T *vc, T *out, const i
 
 DEFINE_KERNEL(paged_attention_short_bf16, uint16_t, bf16, FAST_BF16)
 DEFINE_KERNEL(paged_attention_short_f32, float, f32, 0)
+
+/* The new tokens' keys and values into the cache: token t's KV head g goes to its slot's row of
+ * [num_blocks, Hkv, block_size, D]. k, v: [T, Hkv, D] rows with token strides k_stride, v_stride (in
+ * elements of elem_size bytes); slots: [T] (block * block_size + offset). What index_copy_ does in
+ * paged_attention's torch code, without its two dispatches per layer. */
+void kv_write(const uint8_t *k, int64_t k_stride, const uint8_t *v, int64_t v_stride, uint8_t *kc, uint8_t *vc,
+              const int64_t *slots, int32_t tokens, int32_t Hkv, int32_t D, int32_t block_size, int32_t elem_size) {
+    const size_t row = (size_t)D * elem_size;
+    for (int32_t t = 0; t < tokens; t++) {
+        const int64_t block = slots[t] / block_size, offset = slots[t] % block_size;
+        for (int32_t g = 0; g < Hkv; g++) {
+            const int64_t dst = ((block * Hkv + g) * block_size + offset) * (int64_t)row;
+            memcpy(kc + dst, k + (t * k_stride + (int64_t)g * D) * elem_size, row);
+            memcpy(vc + dst, v + (t * v_stride + (int64_t)g * D) * elem_size, row);
+        }
+    }
+}

@@ -1,0 +1,202 @@
+"""Linear layers run by our C kernel (`kernels/linear.c`): float32, bf16 or GGUF-quantized weights.
+
+`KernelLinear` replaces an nn.Linear for inference on the CPU. Its weight is held in the layout the kernel
+reads, chosen at load: float32/bf16 rows padded with zeros to a multiple of 32 inputs; GGUF blocks
+(Q8_0, Q4_0, Q4_1, Q4_K) as the file has them, with the nibbles of the 4-bit formats reordered inside
+each run of 32 weights (`repack_q4`) so that the kernel expands them with fewer instructions. The
+kernel computes every output element the same way whatever the number of rows (batch invariant) and
+equals the dequantized float32 matrix times x up to the order of accumulation (tests/model/test_cpu_linear.py).
+
+A fused gate/up projection can keep its rows interleaved (gate_0, up_0, gate_1, ...): `swiglu` then
+returns silu(gate) * up straight from the kernel, with no [rows, 2 * intermediate] tensor in between;
+`forward` still returns the usual [gate | up] layout.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specserve.model import kernels
+
+QUANT_FORMATS = ("q8_0", "q4_0", "q4_1", "q4_k")
+DENSE_FORMATS = {torch.float32: "f32", torch.bfloat16: "bf16"}
+SMALL_ROWS = 16  # with batch invariance off, larger inputs take `KernelLinear.large` where there is one
+PAD = 32  # float32/bf16 rows are padded to a multiple of this many inputs (the kernel's block)
+# Offset of the nibbles in a block of each 4-bit format, and how many runs of 32 weights a block holds.
+Q4_LAYOUT = {"q4_0": (2, 1), "q4_1": (4, 1), "q4_k": (16, 8)}
+
+
+def invariant_linears(dtype: torch.dtype) -> bool:
+    """Whether linear layers of this weight dtype take our kernel for every row count (batch invariant)
+    rather than oneDNN's packed weight above SMALL_ROWS rows. SPECSERVE_BATCH_INVARIANT=1: always;
+    =0: never; unset: all but float32, where oneDNN's prefill GEMM is fast enough that invariance cost
+    +32% of a 256-token prefill here (bf16: oneDNN cannot pack it without AVX-512, ours is 5x F.linear)."""
+    setting = os.environ.get("SPECSERVE_BATCH_INVARIANT", "")
+    return setting == "1" or (setting != "0" and dtype != torch.float32)
+
+
+def kernel_can_run(weight: torch.Tensor) -> bool:
+    """Whether a KernelLinear can replace a linear layer with this weight (CPU, float32/bf16, built)."""
+    return (weight.device.type == "cpu" and weight.dtype in DENSE_FORMATS
+            and kernels.linear_supported(torch.empty(1, 1, dtype=weight.dtype)))
+
+
+def gguf_name(fmt: str):
+    from gguf import GGMLQuantizationType
+    return GGMLQuantizationType[fmt.upper()]
+
+
+def repack_q4(blocks: torch.Tensor, fmt: str) -> torch.Tensor:
+    """GGUF 4-bit blocks [N, row bytes] (uint8) -> the same blocks with each run of 32 weights' 16 bytes
+    reordered as the kernel reads them: byte l < 8 holds weights l (low nibble) and 8 + l (high), byte
+    8 + l weights 16 + l and 24 + l. GGUF has weight j and 16 + j in byte j (Q4_0/Q4_1), and for Q4_K
+    32 bytes per pair of runs, the first run in the low nibbles and the second in the high ones."""
+    offset, runs = Q4_LAYOUT[fmt]
+    nbytes = {"q4_0": 18, "q4_1": 20, "q4_k": 144}[fmt]
+    b = blocks.reshape(-1, nbytes).clone()
+    qs = b[:, offset:offset + 16 * runs]
+    if fmt == "q4_k":  # [pairs, 32 bytes] -> weights of run 2p: low nibbles, run 2p + 1: high nibbles
+        pairs = qs.reshape(-1, runs // 2, 32)
+        weights = torch.stack([pairs & 0x0F, pairs >> 4], dim=2)  # [blocks, pair, run in pair, 32]
+    else:
+        weights = torch.stack([qs & 0x0F, qs >> 4], dim=1)  # [blocks, 2, 16]: weights 0-15, 16-31
+    weights = weights.reshape(-1, 4, 8)  # per run: weights 0-7, 8-15, 16-23, 24-31
+    packed = torch.cat([weights[:, 0] | (weights[:, 1] << 4), weights[:, 2] | (weights[:, 3] << 4)], dim=1)
+    b[:, offset:offset + 16 * runs] = packed.reshape(b.shape[0], 16 * runs)
+    return b.reshape(blocks.shape)
+
+
+def quantize(weight: torch.Tensor, fmt: str) -> torch.Tensor:
+    """A float matrix [N, K] -> GGUF blocks [N, row bytes] (uint8), quantized by gguf-py (llama.cpp's
+    reference quantizers). K must be a multiple of the format's block (32)."""
+    from gguf import quants
+    blocks = quants.quantize(weight.detach().float().cpu().numpy(), gguf_name(fmt))
+    return torch.from_numpy(np.ascontiguousarray(blocks))
+
+
+def dequantize_gguf(blocks: torch.Tensor, fmt: str, in_features: int) -> torch.Tensor:
+    """GGUF-layout blocks -> float32 [N, in_features], by gguf-py (the reference the kernel must match)."""
+    from gguf import quants
+    w = quants.dequantize(blocks.numpy(), gguf_name(fmt))
+    return torch.from_numpy(np.ascontiguousarray(w.reshape(blocks.shape[0], in_features)))
+
+
+def interleave_rows(w: torch.Tensor) -> torch.Tensor:
+    """[gate; up] rows -> gate_0, up_0, gate_1, up_1, ... (any trailing shape)."""
+    gate, up = w.chunk(2)
+    return torch.stack([gate, up], dim=1).reshape(w.shape)
+
+
+class KernelLinear(nn.Module):
+    """Inference-only linear layer on the C kernel. Build with `from_linear` or `from_gguf_blocks`.
+
+    The weight is a plain attribute, not a parameter: `.to(dtype)` must not cast it (the kernel takes
+    activations of either dtype against any weight format)."""
+
+    def __init__(self, weight: torch.Tensor, fmt: str, in_features: int, bias: torch.Tensor | None,
+                 interleaved: bool = False):
+        super().__init__()
+        self.weight_data, self.fmt = weight.contiguous(), fmt
+        self.in_features, self.out_features = in_features, weight.shape[0]
+        self.padded = -(-in_features // PAD) * PAD if fmt in ("f32", "bf16") else in_features
+        self.bias_f32 = None if bias is None else bias.detach().float().contiguous()
+        self.interleaved = interleaved  # rows (and bias) in gate/up pairs: `swiglu` works, see forward
+        # The kernel's leading arguments, for callers that go straight to C (cpu_forward.py).
+        self.c_args = (self.weight_data.data_ptr(), kernels.WEIGHT_FORMATS[fmt],
+                       self.weight_data.stride(0) * self.weight_data.element_size(), self.out_features,
+                       in_features, self.padded)
+        self.bias_ptr = None if self.bias_f32 is None else self.bias_f32.data_ptr()
+        # With batch invariance off: oneDNN's packed weight (PackedLinear) for more than SMALL_ROWS rows,
+        # where it beats the kernel (float32 prefill: ~14.5 vs ~9 multiply-adds per cycle here).
+        self.large: nn.Module | None = None
+
+    @classmethod
+    def from_linear(cls, linear: nn.Module, interleave: bool = False, large: nn.Module | None = None) -> "KernelLinear":
+        """A dense copy of an nn.Linear's float32/bf16 weight (rows padded), optionally gate/up interleaved;
+        `large`: a module computing the same layer (usual row order) for inputs of more than SMALL_ROWS rows."""
+        w, bias = linear.weight.detach(), linear.bias
+        fmt = DENSE_FORMATS[w.dtype]
+        pad = -w.shape[1] % PAD
+        packed = F.pad(w, (0, pad)) if pad else w.clone()
+        if interleave:
+            packed = interleave_rows(packed)
+            bias = None if bias is None else interleave_rows(bias.detach())
+        module = cls(packed, fmt, w.shape[1], bias, interleave)
+        module.large = large
+        return module
+
+    @classmethod
+    def from_gguf_blocks(cls, blocks: torch.Tensor, fmt: str, in_features: int, bias: torch.Tensor | None = None,
+                         interleave: bool = False) -> "KernelLinear":
+        """GGUF blocks [N, row bytes] as the file stores them (rows in our output order)."""
+        if fmt not in QUANT_FORMATS:
+            raise ValueError(f"unsupported weight format {fmt!r}")
+        block, nbytes = kernels.GGUF_BLOCKS[fmt]
+        if in_features % block or blocks.shape[1] != in_features // block * nbytes:
+            raise ValueError(f"{fmt} blocks of shape {tuple(blocks.shape)} cannot hold {in_features} inputs")
+        packed = repack_q4(blocks, fmt) if fmt in Q4_LAYOUT else blocks.contiguous()
+        if interleave:
+            packed = interleave_rows(packed)
+            bias = None if bias is None else interleave_rows(bias.detach())
+        return cls(packed, fmt, in_features, bias, interleave)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, format={self.fmt}, "
+                f"bias={self.bias_f32 is not None}, interleaved={self.interleaved}")
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.weight_data.numel() * self.weight_data.element_size()
+
+    def dense_weight(self) -> torch.Tensor:
+        """The float32 [out, in] matrix in the usual row order (for tests and for the torch fallback)."""
+        if self.fmt in ("f32", "bf16"):
+            w = self.weight_data[:, :self.in_features].float()
+        else:
+            w = kernels.dequantize(self.weight_data, self.fmt, self.in_features)
+        return self._usual_order(w)
+
+    def _usual_order(self, y: torch.Tensor) -> torch.Tensor:
+        """Undo the gate/up interleaving along the first (weights) or last (outputs) dim."""
+        if not self.interleaved:
+            return y
+        if y.dim() == 2 and y.shape[0] == self.out_features and y.shape[1] == self.in_features:
+            return torch.cat([y[0::2], y[1::2]])
+        return torch.cat([y[..., 0::2], y[..., 1::2]], dim=-1)
+
+    def _run(self, x: torch.Tensor, out: torch.Tensor | None, mode: str) -> torch.Tensor:
+        return kernels.linear(x, self.weight_data, self.fmt, self.in_features, self.padded, self.bias_f32,
+                              out, mode)
+
+    def _kernel_takes(self, x: torch.Tensor) -> bool:
+        """The kernel, unless autograd, another dtype or device (torch on the dequantized weights), or
+        a `large` path for this many rows (batch invariance off)."""
+        return kernels.linear_supported(x) and (self.large is None or x.shape[0] <= SMALL_ROWS)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        if self._kernel_takes(flat):
+            y = self._usual_order(self._run(flat, None, "store"))
+            return y.reshape(*x.shape[:-1], self.out_features)
+        if self.large is not None and kernels.linear_supported(flat):
+            return self.large(x)
+        bias = None if self.bias_f32 is None else self._usual_order(self.bias_f32).to(x.dtype)
+        return F.linear(x, self.dense_weight().to(x.device, x.dtype), bias)
+
+    def add_into(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """residual += self(x), in place, rounded as `residual + self(x)` is; returns residual."""
+        if self._kernel_takes(x) and residual.is_contiguous() and not self.interleaved:
+            self._run(x, residual, "add")
+            return residual
+        return residual.add_(self(x))
+
+    def swiglu(self, x: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up for a fused [gate; up] projection: [rows, out_features / 2]."""
+        if self.interleaved and self._kernel_takes(x):
+            return self._run(x, None, "swiglu")
+        gate, up = self(x).chunk(2, dim=-1)
+        return F.silu(gate) * up

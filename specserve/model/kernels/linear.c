@@ -1,0 +1,441 @@
+/* Linear layers y = x W^T (+ bias) on the CPU, for weights in float32, bf16 or GGUF blocks (Q8_0,
+ * Q4_0, Q4_1, Q4_K), read straight from their blocks: no dequantized copy of the weights exists.
+ *
+ * Why not torch: on CPUs without AVX-512, torch's bf16 F.linear (oneDNN cannot pack bf16 weights there)
+ * reads a decode's weights at 4-15 GB/s and its int8/int4 weight-only kernels at 1-13 GB/s, and none
+ * reads GGUF blocks (bench/cpu_kernels.py has the numbers).
+ *
+ * Batch invariance by construction: every output element is one dot product computed the same way
+ * whatever the number of rows, the tiling or the threads: 16 lanes of float32 partial sums over the
+ * input in steps of 16 (lane l takes elements l, l + 16, l + 32, ...; one fused multiply-add each with
+ * AVX2, a multiply and an add in the portable build), then the lanes summed in one fixed tree. The
+ * weights are first expanded to float32 exactly (every format's value d*q + m fits a float32, as
+ * gguf-py's dequantize computes it), so the result differs from the dequantized float32 matrix times x
+ * only in the order of accumulation. This file is compiled without -ffast-math (see kernels/__init__.py)
+ * so that the compiler keeps that order.
+ *
+ * Shapes (row-major, element strides): x [rows, K] with row stride x_stride, unit stride along K;
+ * w: N rows of w_row_bytes bytes each (float32/bf16 rows padded with zeros to Kp, a multiple of 16;
+ * GGUF rows are K / block_size blocks, K a multiple of the block size, Kp == K); bias [N] float32 or NULL;
+ * out [rows, N] with row stride out_stride (with mode SWIGLU: [rows, N / 2]). */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bf16.h"
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define SIMD 1
+#else
+#define SIMD 0
+#endif
+
+enum { FMT_F32 = 0, FMT_BF16 = 1, FMT_Q8_0 = 2, FMT_Q4_0 = 3, FMT_Q4_1 = 4, FMT_Q4_K = 5 };
+/* What happens to each result y (after the bias): STORE writes it; ADD adds it, rounded to the output
+ * dtype, to what out holds (the residual stream, as `x + linear(h)` in torch); SWIGLU takes outputs in
+ * pairs (2i: gate_i, 2i + 1: up_i) and writes silu(gate_i) * up_i at column i, rounding as torch's
+ * `F.silu(gate) * up` on the rounded projections does. */
+enum { MODE_STORE = 0, MODE_ADD = 1, MODE_SWIGLU = 2 };
+
+#define STEP 16     /* input elements per step of a dot product: 16 float32 partial sums */
+#define GROUP 4     /* output rows expanded to float32 at once (scratch of GROUP * Kp floats per thread) */
+#define ROW_BLOCK 48 /* input rows converted to float32 at once (kept in L2 while every group reads them) */
+#define MAX_RT 3    /* rows per register tile: 3 rows x 2 outputs x 2 vectors = 12 accumulators */
+#define IN_REGISTERS 2 /* up to this many rows expand the weights in registers (row_tile), more to scratch */
+
+static inline float f16_to_f32(uint16_t h) {
+#if SIMD
+    return _cvtsh_ss(h);
+#else
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, u;
+    if (exp == 0x1f) u = sign | 0x7f800000u | (mant << 13);
+    else if (exp != 0) u = sign | ((exp + 112) << 23) | (mant << 13);
+    else if (mant == 0) u = sign;
+    else { /* subnormal: shift the mantissa up to its leading one */
+        exp = 113;
+        while (!(mant & 0x400u)) { mant <<= 1; exp--; }
+        u = sign | (exp << 23) | ((mant & 0x3ffu) << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+#endif
+}
+
+static inline uint16_t read_u16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+
+/* ---- one block of 32 weights of a row, expanded to float32 exactly ----
+ * block32(fmt, row, b, f) sets f to weights 32 b .. 32 b + 31 of the row: four vectors of 8 with AVX2,
+ * 32 floats in the portable build. Float32 and bf16 rows are padded to a multiple of 32 (Kp). */
+
+#if SIMD
+typedef __m256 vec;
+#define VECS 4 /* vectors per block */
+
+#else
+typedef float vec;
+#define VECS 32 /* floats per block */
+#endif
+
+/* Q4_K: the 8 sub-block scales (d sc) and negated mins -(dmin m) of the super-block at p, as float32
+ * (exact). The 6-bit values unpack as in ggml's get_scale_min_k4, four at a time (its utmp trick). */
+static inline void q4_k_scales(const uint8_t *p, float *ks) {
+    const float d = f16_to_f32(read_u16(p)), dmin = f16_to_f32(read_u16(p + 2));
+    uint32_t s[3], sc[2], mn[2];
+    memcpy(s, p + 4, 12);
+    sc[0] = s[0] & 0x3f3f3f3fu;
+    mn[0] = s[1] & 0x3f3f3f3fu;
+    sc[1] = (s[2] & 0x0f0f0f0fu) | ((s[0] >> 2) & 0x30303030u);
+    mn[1] = ((s[2] >> 4) & 0x0f0f0f0fu) | ((s[1] >> 2) & 0x30303030u);
+#if SIMD
+    const __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sc)));
+    const __m256 mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)mn)));
+    _mm256_storeu_ps(ks, _mm256_mul_ps(scf, _mm256_set1_ps(d)));
+    _mm256_storeu_ps(ks + 8, _mm256_mul_ps(mnf, _mm256_set1_ps(-dmin))); /* -(dmin m) == (-dmin) m */
+#else
+    const uint8_t *scb = (const uint8_t *)sc, *mnb = (const uint8_t *)mn;
+    for (int j = 0; j < 8; j++) {
+        ks[j] = d * (float)scb[j];
+        ks[8 + j] = -dmin * (float)mnb[j];
+    }
+#endif
+}
+
+/* 32 nibbles (16 bytes) as floats. Layout chosen at load (`repack_q4` in cpu_linear.py): byte l < 8
+ * holds weight l in its low nibble and weight 8 + l in its high one, byte 8 + l weights 16 + l and
+ * 24 + l, so that two zero-extensions of 8 bytes give all four vectors. */
+static inline void nibbles(const uint8_t *q, vec *f) {
+#if SIMD
+    const __m256i nib = _mm256_set1_epi32(0x0f);
+    const __m256i a = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q));
+    const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8)));
+    f[0] = _mm256_cvtepi32_ps(_mm256_and_si256(a, nib));
+    f[1] = _mm256_cvtepi32_ps(_mm256_srli_epi32(a, 4));
+    f[2] = _mm256_cvtepi32_ps(_mm256_and_si256(b, nib));
+    f[3] = _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4));
+#else
+    for (int l = 0; l < 8; l++) {
+        f[l] = (float)(q[l] & 0x0f);
+        f[8 + l] = (float)(q[l] >> 4);
+        f[16 + l] = (float)(q[8 + l] & 0x0f);
+        f[24 + l] = (float)(q[8 + l] >> 4);
+    }
+#endif
+}
+
+/* f = q * scale + offset, exact (see block32). */
+static inline void scale_offset(vec *f, float scale, float offset) {
+#if SIMD
+    const vec sv = _mm256_set1_ps(scale), ov = _mm256_set1_ps(offset);
+    for (int i = 0; i < 4; i++) f[i] = _mm256_fmadd_ps(f[i], sv, ov);
+#else
+    for (int i = 0; i < 32; i++) f[i] = f[i] * scale + offset;
+#endif
+}
+
+/* Formats (gguf-py's dequantize computes the same values):
+ *   Q8_0 block of 32: f16 d, int8 q[32]; w = d q.
+ *   Q4_0 block of 32: f16 d, 16 bytes of nibbles; w = d (q - 8).   Q4_1: f16 d, f16 m, 16 bytes; w = d q + m.
+ *   Q4_K super-block of 256: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins of 8 sub-blocks of 32,
+ *        8 x 16 bytes of nibbles; w = (d sc) q - (dmin m).
+ * The nibbles are in the order `nibbles` reads. d q, 8 d, d sc, dmin m and (d sc) q are exact in
+ * float32, so one fused multiply-add rounds d q + m (and d q - 8 d) as the separate operations do.
+ * ks: for Q4_K, the current super-block's `q4_k_scales` (the caller computes them once per 8 blocks). */
+static inline __attribute__((always_inline)) void block32(const int fmt, const uint8_t *row, int b, vec *f,
+                                                          const float *ks) {
+    if (fmt == FMT_F32) {
+        const float *w = (const float *)row + 32 * b;
+#if SIMD
+        for (int i = 0; i < 4; i++) f[i] = _mm256_loadu_ps(w + 8 * i);
+#else
+        for (int i = 0; i < 32; i++) f[i] = w[i];
+#endif
+    } else if (fmt == FMT_BF16) {
+        const uint16_t *w = (const uint16_t *)row + 32 * b;
+#if SIMD
+        for (int i = 0; i < 4; i++)
+            f[i] = _mm256_castsi256_ps(_mm256_slli_epi32(
+                _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(w + 8 * i))), 16));
+#else
+        for (int i = 0; i < 32; i++) f[i] = bf16_to_f32(w[i]);
+#endif
+    } else if (fmt == FMT_Q8_0) {
+        const uint8_t *p = row + 34 * b;
+        const float d = f16_to_f32(read_u16(p));
+        const int8_t *q = (const int8_t *)(p + 2);
+#if SIMD
+        const vec dv = _mm256_set1_ps(d);
+        for (int i = 0; i < 4; i++)
+            f[i] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8 * i)))), dv);
+#else
+        for (int i = 0; i < 32; i++) f[i] = (float)q[i] * d;
+#endif
+    } else if (fmt == FMT_Q4_0) {
+        const uint8_t *p = row + 18 * b;
+        const float d = f16_to_f32(read_u16(p));
+        nibbles(p + 2, f);
+        scale_offset(f, d, -8.f * d);
+    } else if (fmt == FMT_Q4_1) {
+        const uint8_t *p = row + 20 * b;
+        nibbles(p + 4, f);
+        scale_offset(f, f16_to_f32(read_u16(p)), f16_to_f32(read_u16(p + 2)));
+    } else { /* FMT_Q4_K */
+        const int j = b % 8;
+        nibbles(row + 144 * (b / 8) + 16 + 16 * j, f);
+        scale_offset(f, ks[j], ks[8 + j]);
+    }
+}
+
+static inline __attribute__((always_inline)) void expand_fmt(const int fmt, const uint8_t *row, int K, float *dst) {
+    vec f[VECS];
+    float ks[16];
+    for (int b = 0; b < K / 32; b++) {
+        if (fmt == FMT_Q4_K && b % 8 == 0) q4_k_scales(row + 144 * (b / 8), ks);
+        block32(fmt, row, b, f, ks);
+#if SIMD
+        for (int i = 0; i < 4; i++) _mm256_storeu_ps(dst + 32 * b + 8 * i, f[i]);
+#else
+        memcpy(dst + 32 * b, f, sizeof f);
+#endif
+    }
+}
+
+/* One weight row (K a multiple of 32) as float32. */
+static void expand_row(int fmt, const uint8_t *row, int K, float *dst) {
+    switch (fmt) {
+    case FMT_F32: expand_fmt(FMT_F32, row, K, dst); break;
+    case FMT_BF16: expand_fmt(FMT_BF16, row, K, dst); break;
+    case FMT_Q8_0: expand_fmt(FMT_Q8_0, row, K, dst); break;
+    case FMT_Q4_0: expand_fmt(FMT_Q4_0, row, K, dst); break;
+    case FMT_Q4_1: expand_fmt(FMT_Q4_1, row, K, dst); break;
+    case FMT_Q4_K: expand_fmt(FMT_Q4_K, row, K, dst); break;
+    }
+}
+
+/* ---- dot products of a tile of RT input rows x OT weight rows (float32, Kp a multiple of STEP) ---- */
+
+#if SIMD
+static inline float lane_sum(__m256 a0, __m256 a1) { /* the fixed tree: 8 + 8, 4 + 4, 2 + 2, 1 + 1 */
+    const __m256 s = _mm256_add_ps(a0, a1);
+    __m128 v = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+    v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+    v = _mm_add_ss(v, _mm_movehdup_ps(v));
+    return _mm_cvtss_f32(v);
+}
+
+static inline __attribute__((always_inline)) void tile(const float *w, int64_t ws, const float *x, int64_t xs,
+                                                       int Kp, const int RT, const int OT, float *y) {
+    __m256 acc[MAX_RT][4][2];
+    for (int r = 0; r < RT; r++)
+        for (int o = 0; o < OT; o++) acc[r][o][0] = acc[r][o][1] = _mm256_setzero_ps();
+    for (int k = 0; k < Kp; k += STEP) {
+        for (int h = 0; h < 2; h++) {
+            __m256 wv[4];
+            for (int o = 0; o < OT; o++) wv[o] = _mm256_loadu_ps(w + o * ws + k + 8 * h);
+            for (int r = 0; r < RT; r++) {
+                const __m256 xv = _mm256_loadu_ps(x + r * xs + k + 8 * h);
+                for (int o = 0; o < OT; o++) acc[r][o][h] = _mm256_fmadd_ps(wv[o], xv, acc[r][o][h]);
+            }
+        }
+    }
+    for (int r = 0; r < RT; r++)
+        for (int o = 0; o < OT; o++) y[r * GROUP + o] = lane_sum(acc[r][o][0], acc[r][o][1]);
+}
+#else
+static inline void tile(const float *w, int64_t ws, const float *x, int64_t xs, int Kp, const int RT,
+                        const int OT, float *y) {
+    for (int r = 0; r < RT; r++)
+        for (int o = 0; o < OT; o++) {
+            float a[STEP] = {0};
+            const float *wr = w + o * ws, *xr = x + r * xs;
+            for (int k = 0; k < Kp; k += STEP)
+                for (int l = 0; l < STEP; l++) a[l] += wr[k + l] * xr[k + l];
+            for (int width = STEP / 2; width > 0; width /= 2) /* the same tree as lane_sum */
+                for (int l = 0; l < width; l++) a[l] += a[l + width];
+            y[r * GROUP + o] = a[0];
+        }
+}
+#endif
+
+/* y[r * GROUP + o] for rt rows and no outputs: each (rt, ot) an unrolled tile that fits the registers. */
+static void tiles(const float *w, int64_t ws, const float *x, int64_t xs, int Kp, int rt, int no, float *y) {
+    if (rt == 1) {
+        switch (no) {
+        case 1: tile(w, ws, x, xs, Kp, 1, 1, y); break;
+        case 2: tile(w, ws, x, xs, Kp, 1, 2, y); break;
+        case 3: tile(w, ws, x, xs, Kp, 1, 3, y); break;
+        default: tile(w, ws, x, xs, Kp, 1, 4, y); break;
+        }
+        return;
+    }
+    for (int o = 0; o < no; o += 2) {
+        const int two = no - o >= 2;
+        if (rt == 2) {
+            if (two) tile(w + o * ws, ws, x, xs, Kp, 2, 2, y + o);
+            else tile(w + o * ws, ws, x, xs, Kp, 2, 1, y + o);
+        } else {
+            if (two) tile(w + o * ws, ws, x, xs, Kp, 3, 2, y + o);
+            else tile(w + o * ws, ws, x, xs, Kp, 3, 1, y + o);
+        }
+    }
+}
+
+#if SIMD
+/* RT input rows (rows of x xs floats apart) against OT weight rows, expanding each block of weights in
+ * registers (no scratch): what a decode or a short verify does. Accumulates in the order of `tile` (acc 0
+ * takes elements 0-7 and 16-23 of each block, acc 1 8-15 and 24-31), so a row gets the same bits here as
+ * in a larger batch. y[r * GROUP + o]. */
+static inline __attribute__((always_inline)) void row_tile(const int fmt, const uint8_t *w, int64_t row_bytes,
+                                                           const float *x, int64_t xs, int Kp, const int RT,
+                                                           const int OT, float *y) {
+    vec acc[2][4][2];
+    float ks[4][16];
+    for (int r = 0; r < RT; r++)
+        for (int o = 0; o < OT; o++) acc[r][o][0] = acc[r][o][1] = _mm256_setzero_ps();
+    for (int b = 0; b < Kp / 32; b++) {
+        if (fmt == FMT_Q4_K && b % 8 == 0)
+            for (int o = 0; o < OT; o++) q4_k_scales(w + o * row_bytes + 144 * (b / 8), ks[o]);
+        _Pragma("GCC unroll 4")
+        for (int o = 0; o < OT; o++) {
+            vec f[4];
+            block32(fmt, w + o * row_bytes, b, f, ks[o]);
+            for (int r = 0; r < RT; r++) {
+                const float *xr = x + r * xs + 32 * b;
+                acc[r][o][0] = _mm256_fmadd_ps(f[0], _mm256_loadu_ps(xr), acc[r][o][0]);
+                acc[r][o][1] = _mm256_fmadd_ps(f[1], _mm256_loadu_ps(xr + 8), acc[r][o][1]);
+                acc[r][o][0] = _mm256_fmadd_ps(f[2], _mm256_loadu_ps(xr + 16), acc[r][o][0]);
+                acc[r][o][1] = _mm256_fmadd_ps(f[3], _mm256_loadu_ps(xr + 24), acc[r][o][1]);
+            }
+        }
+    }
+    for (int r = 0; r < RT; r++)
+        for (int o = 0; o < OT; o++) y[r * GROUP + o] = lane_sum(acc[r][o][0], acc[r][o][1]);
+}
+
+static inline __attribute__((always_inline)) void row_group_fmt(const int fmt, const uint8_t *w, int64_t row_bytes,
+                                                                int no, const float *x, int64_t xs, int rows,
+                                                                int Kp, float *y) {
+    if (rows == 1 && no == GROUP) row_tile(fmt, w, row_bytes, x, xs, Kp, 1, GROUP, y);
+    else if (rows == 1)
+        for (int o = 0; o < no; o++) row_tile(fmt, w + o * row_bytes, row_bytes, x, xs, Kp, 1, 1, y + o);
+    else
+        for (int o = 0; o < no; o += 2) {
+            if (no - o >= 2) row_tile(fmt, w + o * row_bytes, row_bytes, x, xs, Kp, 2, 2, y + o);
+            else row_tile(fmt, w + o * row_bytes, row_bytes, x, xs, Kp, 2, 1, y + o);
+        }
+}
+
+/* y[r * GROUP + o] for the no (<= GROUP) weight rows at w and rows (1 or 2) float32 input rows at x. */
+static void row_group(int fmt, const uint8_t *w, int64_t row_bytes, int no, const float *x, int64_t xs, int rows,
+                      int Kp, float *y) {
+    switch (fmt) {
+    case FMT_F32: row_group_fmt(FMT_F32, w, row_bytes, no, x, xs, rows, Kp, y); break;
+    case FMT_BF16: row_group_fmt(FMT_BF16, w, row_bytes, no, x, xs, rows, Kp, y); break;
+    case FMT_Q8_0: row_group_fmt(FMT_Q8_0, w, row_bytes, no, x, xs, rows, Kp, y); break;
+    case FMT_Q4_0: row_group_fmt(FMT_Q4_0, w, row_bytes, no, x, xs, rows, Kp, y); break;
+    case FMT_Q4_1: row_group_fmt(FMT_Q4_1, w, row_bytes, no, x, xs, rows, Kp, y); break;
+    case FMT_Q4_K: row_group_fmt(FMT_Q4_K, w, row_bytes, no, x, xs, rows, Kp, y); break;
+    }
+}
+#endif
+
+/* silu(g) in float32, as torch computes it: g / (1 + exp(-g)). */
+static inline float silu(float g) { return g / (1.f + expf(-g)); }
+
+/* Writes the results y[i * GROUP + o] of rows i < rt, outputs o0 + o (o < no) by `mode`. */
+#define DEFINE_EPILOGUE(T, SUFFIX)                                                                         \
+static void epilogue_##SUFFIX(float *y, int rt, int no, T *out, int64_t out_stride, int o0, const float *bias, \
+                              int mode) {                                                                  \
+    for (int i = 0; i < rt; i++) {                                                                         \
+        T *orow = out + (int64_t)i * out_stride;                                                           \
+        float *yr = y + i * GROUP;                                                                         \
+        if (bias != NULL)                                                                                  \
+            for (int o = 0; o < no; o++) yr[o] += bias[o0 + o];                                            \
+        if (mode == MODE_STORE) {                                                                          \
+            for (int o = 0; o < no; o++) STORE_##SUFFIX(orow, o0 + o, yr[o]);                              \
+        } else if (mode == MODE_ADD) {                                                                     \
+            for (int o = 0; o < no; o++)                                                                   \
+                STORE_##SUFFIX(orow, o0 + o, LOAD_##SUFFIX(orow, o0 + o) + ROUND_##SUFFIX(yr[o]));         \
+        } else {                                                                                           \
+            for (int o = 0; o + 1 < no; o += 2) {                                                          \
+                const float act = ROUND_##SUFFIX(silu(ROUND_##SUFFIX(yr[o])));                             \
+                STORE_##SUFFIX(orow, (o0 + o) / 2, act * ROUND_##SUFFIX(yr[o + 1]));                        \
+            }                                                                                              \
+        }                                                                                                  \
+    }                                                                                                      \
+}
+DEFINE_EPILOGUE(uint16_t, bf16)
+DEFINE_EPILOGUE(float, f32)
+
+#if SIMD
+#define ROW_GROUP row_group
+#else /* never called: the portable build expands every row to scratch */
+#define ROW_GROUP(...) ((void)0)
+#endif
+
+#define DEFINE_LINEAR(NAME, T, SUFFIX)                                                                     \
+int NAME(const uint8_t *w, int32_t fmt, int64_t w_row_bytes, int32_t N, int32_t K, int32_t Kp,             \
+         const T *x, int64_t x_stride, int32_t rows, const float *bias, T *out, int64_t out_stride,        \
+         int32_t mode, int32_t num_threads) {                                                              \
+    const int groups = (N + GROUP - 1) / GROUP, block = rows < ROW_BLOCK ? rows : ROW_BLOCK;              \
+    float *xs = malloc(sizeof(float) * (size_t)block * Kp);                                                \
+    if (xs == NULL) return -1;                                                                             \
+    /* A thread team costs a few microseconds: not worth it below ~50k multiply-adds. */                   \
+    const int threads = (int64_t)N * K * rows >= 50000 ? num_threads : 1;                                  \
+    _Pragma("omp parallel num_threads(threads)")                                                           \
+    {                                                                                                      \
+        float wbuf[GROUP * Kp] __attribute__((aligned(32)));                                               \
+        for (int r0 = 0; r0 < rows; r0 += block) {                                                         \
+            const int nr = rows - r0 < block ? rows - r0 : block;                                          \
+            _Pragma("omp for schedule(static)")                                                            \
+            for (int r = 0; r < nr; r++) {                                                                 \
+                const T *xr = x + (int64_t)(r0 + r) * x_stride;                                            \
+                float *dst = xs + (int64_t)r * Kp;                                                         \
+                for (int k = 0; k < K; k++) dst[k] = LOAD_##SUFFIX(xr, k);                                 \
+                for (int k = K; k < Kp; k++) dst[k] = 0.f;                                                 \
+            }                                                                                              \
+            _Pragma("omp for schedule(static)")                                                            \
+            for (int g = 0; g < groups; g++) {                                                             \
+                const int o0 = g * GROUP, no = N - o0 < GROUP ? N - o0 : GROUP;                            \
+                const uint8_t *wg = w + (int64_t)o0 * w_row_bytes;                                         \
+                if (SIMD && nr <= IN_REGISTERS) { /* a decode or a short verify: expand in registers */    \
+                    float y[2 * GROUP];                                                                    \
+                    ROW_GROUP(fmt, wg, w_row_bytes, no, xs, Kp, nr, Kp, y);                                \
+                    epilogue_##SUFFIX(y, nr, no, out + (int64_t)r0 * out_stride, out_stride, o0, bias, mode); \
+                    continue;                                                                              \
+                }                                                                                          \
+                const float *wf = wbuf;                                                                    \
+                int64_t ws = Kp;                                                                           \
+                if (fmt == FMT_F32) { /* rows already float32 and padded: read them in place */            \
+                    wf = (const float *)wg;                                                                \
+                    ws = w_row_bytes / (int64_t)sizeof(float);                                             \
+                } else {                                                                                   \
+                    for (int i = 0; i < no; i++)                                                           \
+                        expand_row(fmt, wg + (int64_t)i * w_row_bytes, Kp, wbuf + (int64_t)i * Kp);        \
+                }                                                                                          \
+                for (int r = 0; r < nr;) {                                                                 \
+                    const int rt = nr - r < MAX_RT ? nr - r : MAX_RT;                                      \
+                    float y[MAX_RT * GROUP];                                                               \
+                    tiles(wf, ws, xs + (int64_t)r * Kp, Kp, Kp, rt, no, y);                                \
+                    epilogue_##SUFFIX(y, rt, no, out + (int64_t)(r0 + r) * out_stride, out_stride, o0, bias, mode); \
+                    r += rt;                                                                               \
+                }                                                                                          \
+            }                                                                                              \
+        }                                                                                                  \
+    }                                                                                                      \
+    free(xs);                                                                                              \
+    return 0;                                                                                              \
+}
+
+DEFINE_LINEAR(linear_bf16, uint16_t, bf16)
+DEFINE_LINEAR(linear_f32, float, f32)
+
+/* The float32 matrix [N, K] the blocks hold (for tests and for torch paths), rows in parallel. */
+void dequantize_rows(const uint8_t *w, int32_t fmt, int64_t w_row_bytes, int32_t N, int32_t K, float *out,
+                     int32_t num_threads) {
+    _Pragma("omp parallel for schedule(static) num_threads(num_threads)")
+    for (int n = 0; n < N; n++) expand_row(fmt, w + (int64_t)n * w_row_bytes, K, out + (int64_t)n * K);
+}

@@ -1,0 +1,125 @@
+"""Quantized weights at load: a GGUF file's own blocks ("gguf"), or a checkpoint quantized to Q8_0/Q4_0/Q4_1.
+
+The linear layers of the decoder (fused q/k/v, o, fused gate/up, down) and the LM head become
+KernelLinear modules that read the blocks directly (`cpu_linear.py`); the embedding stays a dense table in
+the model's dtype (a step reads only a few of its rows). Where the kernel cannot run (no C compiler,
+SPECSERVE_CPU_KERNELS=0, a GPU), the layers stay nn.Linear holding the dequantized values, so a model
+computes the same function either way, up to accumulation order.
+"""
+from __future__ import annotations
+
+import logging
+from collections import Counter
+
+import numpy as np
+import torch
+from torch import nn
+
+from specserve.errors import ModelLoadError
+from specserve.model.cpu_linear import QUANT_FORMATS, KernelLinear, dequantize_gguf, kernel_can_run, quantize
+
+log = logging.getLogger("specserve.quantize")
+
+QUANTIZATIONS = ("gguf", "q8_0", "q4_0", "q4_1")  # what --quantization accepts
+LAYER_LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+
+
+def _targets(model: nn.Module) -> dict[str, nn.Linear]:
+    """Our module path -> nn.Linear, for every matrix that quantization replaces."""
+    out = {f"layers.{i}.{name}": getattr(layer, name) for i, layer in enumerate(model.layers) for name in LAYER_LINEARS}
+    out["lm_head"] = model.lm_head
+    return {path: m for path, m in out.items() if isinstance(m, nn.Linear)}
+
+
+def _gguf_blocks(g, config) -> dict[str, tuple[str, np.ndarray]]:
+    """GGUF tensors in our fused layout, as (format, blocks [rows, bytes]) where every part is stored in
+    one format the kernel reads; other matrices (float, Q6_K, mixed formats) are absent (they load dense)."""
+    from specserve.model.gguf_convert import _unpermute
+    tensors = {t.name: t for t in g.reader.tensors}
+    unpermute = config.architecture == "LlamaForCausalLM"
+
+    def part(name: str, heads: int | None = None):
+        t = tensors.get(name)
+        fmt = t.tensor_type.name.lower() if t is not None else None
+        if fmt not in QUANT_FORMATS:
+            return None
+        data = np.asarray(t.data)
+        return fmt, (_unpermute(data, heads) if unpermute and heads else data)
+
+    out = {}
+    for i in range(config.num_hidden_layers):
+        b = f"blk.{i}."
+        groups = {"qkv_proj": [part(b + "attn_q.weight", config.num_attention_heads),
+                               part(b + "attn_k.weight", config.num_key_value_heads), part(b + "attn_v.weight")],
+                  "o_proj": [part(b + "attn_output.weight")], "down_proj": [part(b + "ffn_down.weight")],
+                  "gate_up_proj": [part(b + "ffn_gate.weight"), part(b + "ffn_up.weight")]}
+        for name, parts in groups.items():
+            if all(p is not None for p in parts) and len({p[0] for p in parts}) == 1:
+                out[f"layers.{i}.{name}"] = (parts[0][0], np.concatenate([p[1] for p in parts]))
+    head = part("output.weight") if "output.weight" in tensors else part("token_embd.weight")
+    if head is not None:
+        out["lm_head"] = head
+    return out
+
+
+def quantize_model(model: nn.Module, quantization: str, gguf_file=None) -> Counter:
+    """Replace the model's matrices (in place) by quantized ones. quantization: "gguf" (the blocks of
+    `gguf_file`, a GGUFFile the model was loaded from) or a format to quantize the loaded weights to.
+    Returns how many matrices took each format."""
+    if quantization not in QUANTIZATIONS:
+        raise ModelLoadError(f"unknown quantization {quantization!r} (choose from {', '.join(QUANTIZATIONS)})")
+    if quantization == "gguf" and gguf_file is None:
+        raise ModelLoadError("quantization 'gguf' needs a .gguf model (or an alias of one)")
+    targets = _targets(model)
+    use_kernel = all(kernel_can_run(m.weight) for m in targets.values())
+    if not use_kernel:
+        log.warning("CPU linear kernel unavailable: %s weights are dequantized (same values, dense speed)",
+                    quantization)
+    blocks = _gguf_blocks(gguf_file, model.config) if quantization == "gguf" else {}
+    formats = Counter()
+    for path, linear in targets.items():
+        in_features = linear.in_features
+        if quantization == "gguf":
+            if path not in blocks:
+                formats["dense"] += 1
+                continue
+            fmt, raw = blocks[path]
+            data = torch.from_numpy(np.array(raw))  # a writable copy (the file is mapped read-only)
+        else:
+            fmt = quantization
+            if in_features % 32:
+                formats["dense"] += 1  # no block format fits: keep this matrix as it is
+                continue
+            data = quantize(linear.weight, fmt)
+        if data.shape[0] != linear.out_features:
+            raise ModelLoadError(f"{path}: {fmt} blocks hold {data.shape[0]} rows, the model expects "
+                                 f"{linear.out_features}")
+        if use_kernel:
+            name = path.rsplit(".", 1)[-1]
+            module = KernelLinear.from_gguf_blocks(data, fmt, in_features, linear.bias,
+                                                   interleave=name == "gate_up_proj")
+            parent = model.get_submodule(path.rsplit(".", 1)[0]) if "." in path else model
+            setattr(parent, name, module)
+        else:
+            dense = dequantize_gguf(data, fmt, in_features)
+            if linear.weight is getattr(model.embed_tokens, "weight", None):  # tied: untie, the table stays
+                linear.weight = nn.Parameter(dense.to(linear.weight.dtype), requires_grad=False)
+            else:
+                with torch.no_grad():
+                    linear.weight.copy_(dense)
+        formats[fmt] += 1
+    return formats
+
+
+def weight_summary(model: nn.Module) -> str:
+    """e.g. "q4_1 x 120, q8_0 x 1: 70.3 MB of matrices" (what a token's forward reads)."""
+    formats, nbytes = Counter(), 0
+    for m in model.modules():
+        if isinstance(m, KernelLinear):
+            formats[m.fmt] += 1
+            nbytes += m.weight_bytes
+        elif isinstance(m, nn.Linear):
+            formats[str(m.weight.dtype).removeprefix("torch.")] += 1
+            nbytes += m.weight.numel() * m.weight.element_size()
+    kinds = ", ".join(f"{k} x {n}" for k, n in formats.most_common())
+    return f"{kinds}: {nbytes / 1e6:.1f} MB of matrices"

@@ -1,0 +1,86 @@
+"""Quantized weights at load (`load_model(..., quantization=...)`): GGUF blocks kept as they are, HF
+checkpoints quantized, and the dense fallback without the kernel. Native and dequantized models must
+compute the same function up to float32 accumulation order (tolerance: 1e-4 plus 1e-6 of the largest logit)."""
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from specserve.errors import ModelLoadError
+from specserve.model import kernels
+from specserve.model.cpu_linear import KernelLinear, dequantize_gguf, kernel_can_run, quantize
+from specserve.model.loader import load_model
+from specserve.model.quantize import weight_summary
+from tests.model.gguf_fixtures import VOCAB, write_gguf
+from tests.model.helpers import new_cache, run_step
+
+needs_kernel = pytest.mark.skipif(not kernel_can_run(torch.zeros(1)), reason="no C compiler: no kernel here")
+SMALL = dict(hidden=64, ffn=96, layers=2, heads=4, kv_heads=2)
+WIDE = dict(hidden=256, ffn=512, layers=2, heads=4, kv_heads=2)  # Q4_K blocks hold 256 inputs
+
+
+def write_model(tmp_path, qtype):
+    cfg = WIDE if qtype == "Q4_K" else SMALL
+    torch.manual_seed(0)
+    hf = LlamaConfig(vocab_size=VOCAB, hidden_size=cfg["hidden"], intermediate_size=cfg["ffn"],
+                     num_hidden_layers=cfg["layers"], num_attention_heads=cfg["heads"],
+                     num_key_value_heads=cfg["kv_heads"], tie_word_embeddings=False, max_position_embeddings=256,
+                     rms_norm_eps=1e-5)
+    write_gguf(tmp_path / "m.gguf", LlamaForCausalLM(hf).state_dict(), cfg, qtype)
+    return str(tmp_path / "m.gguf")
+
+
+def logits(model, ids=tuple(range(40, 70))):
+    return run_step(model, new_cache(model, 4, 16), [(0, list(ids), len(ids))], [[0, 1]], 16)
+
+
+def close(a, b):
+    return (a - b).abs().max() <= 1e-4 + 1e-6 * b.abs().max()
+
+
+def formats(model):
+    return sorted({m.fmt for m in model.modules() if isinstance(m, KernelLinear)})
+
+
+@needs_kernel
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1", "Q4_K"])
+def test_gguf_blocks_stay_quantized_and_compute_the_dequantized_model(tmp_path, qtype):
+    path = write_model(tmp_path, qtype)
+    dense, native = load_model(path), load_model(path, quantization="gguf")
+    assert formats(native.model) == [qtype.lower()]
+    assert sum(isinstance(m, KernelLinear) for m in native.model.modules()) == 2 * 4 + 1
+    assert native.model.embed_tokens.weight.dtype == torch.float32  # the table stays dense
+    assert close(logits(native.model), logits(dense.model))
+    assert weight_summary(native.model).startswith(f"{qtype.lower()} x 9")
+
+
+@needs_kernel
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_1"])
+def test_a_checkpoint_is_quantized_at_load(tiny_target, fmt):
+    dense, quant = load_model(str(tiny_target)), load_model(str(tiny_target), quantization=fmt)
+    assert formats(quant.model) == [fmt]
+    with torch.no_grad():  # the reference: the same model with each matrix quantized and dequantized
+        for name, m in dense.model.named_modules():
+            if isinstance(m, torch.nn.Linear):
+                m.weight.copy_(dequantize_gguf(quantize(m.weight, fmt), fmt, m.in_features))
+    assert close(logits(quant.model), logits(dense.model))
+
+
+def test_without_the_kernel_the_same_weights_load_dense(tmp_path, monkeypatch):
+    path = write_model(tmp_path, "Q4_1")
+    reference = load_model(path)
+    monkeypatch.setenv("SPECSERVE_CPU_KERNELS", "0")
+    kernels._library.cache_clear()
+    try:
+        fallback = load_model(path, quantization="gguf")
+        assert formats(fallback.model) == []
+        assert close(logits(fallback.model), logits(reference.model))
+    finally:
+        monkeypatch.delenv("SPECSERVE_CPU_KERNELS")
+        kernels._library.cache_clear()
+
+
+def test_quantization_errors_are_clear(tmp_path, tiny_target):
+    with pytest.raises(ModelLoadError, match="unknown quantization 'q3_x'"):
+        load_model(str(tiny_target), quantization="q3_x")
+    with pytest.raises(ModelLoadError, match="'gguf' needs a .gguf model"):
+        load_model(str(tiny_target), quantization="gguf")
