@@ -44,7 +44,8 @@ def make_app(script: Script) -> FastAPI:
     @app.get("/v1/models")
     async def models():
         if script.llamacpp:
-            return {"object": "list", "data": [{"id": "fake-model", "object": "model", "owned_by": "llamacpp"}]}
+            return {"object": "list", "data": [{"id": "fake-model", "object": "model", "owned_by": "llamacpp",
+                                                "meta": {"n_ctx": script.max_model_len}}]}
         return {"object": "list", "data": [{"id": "fake-model", "object": "model",
                                             "max_model_len": script.max_model_len}]}
 

@@ -48,11 +48,10 @@ def test_llamacpp_metrics_are_read_and_differenced():
 def test_bench_reads_acceptance_from_llama_server(tmp_path):
     # llama-server speculates 3 tokens per verify step here but streams one token per chunk, and its
     # responses count drafted/accepted tokens without the number of drafts: acceptance comes from /metrics.
-    with FakeServer(Script(ttft_s=0.02, itl_s=0.002, llamacpp=True)) as srv:
+    with FakeServer(Script(ttft_s=0.02, itl_s=0.002, llamacpp=True, max_model_len=512)) as srv:
         results = tmp_path / "r.jsonl"
         rc = main(["bench", "--base-url", srv.url, "--max-concurrency", "1", "--max-requests", "4",
-                   "--input-len", "20", "--output-len", "9", "--max-model-len", "512", "--no-progress",
-                   "--results", str(results)])
+                   "--input-len", "20", "--output-len", "9", "--no-progress", "--results", str(results)])
     assert rc == 0
     [run] = read_runs(results)
     spec = run["spec"]
@@ -62,6 +61,7 @@ def test_bench_reads_acceptance_from_llama_server(tmp_path):
     assert spec["responses_acceptance_rate"] == pytest.approx(6 / 9)
     assert spec["accepted_per_position"] == [12, 12]
     assert run["tokens_per_chunk"] == 1.0 and run["server_metrics"]["busy_slots_per_decode"] == 2.0
+    assert run["prompts"]["max_model_len"] == 512   # a slot's context, from /v1/models meta.n_ctx
     assert any("one token per chunk" in n for n in notes(run))
 
 
