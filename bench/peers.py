@@ -373,14 +373,26 @@ def _fit(out: Path, system: str) -> str:
     files = [f for f in files if not f.name.endswith(".requests.jsonl")]
     if not files:
         return "no load runs"
+    # A speculating configuration's run without speculation stats (no request drafted anything: an adaptive
+    # policy that drafted nothing, or a server without /metrics) gives the fit no acceptance: leave it out
+    # of a copy (in the same folder, so the per-request side files are found) and say so.
+    fitted, dropped = [], []
+    for f in files:
+        runs = _runs(f)
+        keep = [r for r in runs if not (r.get("k") and not (r.get("spec") or {}).get("mean_acceptance_length"))]
+        dropped += [f"{r['label']} @ {r['sweep']['rate']:g} req/s" for r in runs if r not in keep]
+        copy = out / f.name.replace("load-", "fit-")
+        copy.write_text("".join(json.dumps(r) + "\n" for r in keep))
+        fitted.append(copy)
     md = out / f"validate-{system}.md"
-    proc = subprocess.run([sys.executable, "-m", "specserve", "latency", "validate", *map(str, files), "--markdown",
+    proc = subprocess.run([sys.executable, "-m", "specserve", "latency", "validate", *map(str, fitted), "--markdown",
                            str(md)], capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
     (out / f"validate-{system}.out").write_text(proc.stdout + proc.stderr)
+    note = f"left out, no speculation stats: {', '.join(dropped)}\n" if dropped else ""
     if proc.returncode:
-        return f"fit failed: {(proc.stderr or proc.stdout).strip().splitlines()[-1]}"
+        return note + f"fit failed: {(proc.stderr or proc.stdout).strip().splitlines()[-1]}"
     keep = [line for line in proc.stdout.splitlines() if "MAPE" in line or "excluded" in line.lower()]
-    return "\n".join(keep[:12]) or proc.stdout.strip()[-800:]
+    return note + ("\n".join(keep[:12]) or proc.stdout.strip()[-800:])
 
 
 def report(out: Path) -> Path:
