@@ -132,7 +132,8 @@ def _read_csv(path: Path) -> Trace:
                  meta={"epoch_start_s": int(ns.min()) / 1e9})
 
 
-def _read_mooncake(path: Path) -> Trace:
+def _read_mooncake(path: Path, lengths: bool = True) -> Trace:
+    """Mooncake JSONL rows; with `lengths` false only the timestamps are read (and needed)."""
     stamps, ins, outs, hashes = [], [], [], []
     with open(path) as f:
         for n, line in enumerate(f, 1):
@@ -141,15 +142,27 @@ def _read_mooncake(path: Path) -> Trace:
             try:
                 row = json.loads(line)
                 stamps.append(float(row["timestamp"]) / 1000.0)   # Mooncake timestamps are milliseconds
-                ins.append(int(row["input_length"]))
-                outs.append(int(row["output_length"]))
-            except (ValueError, KeyError, TypeError) as e:
-                raise SpecServeError(f"{path}:{n}: not a Mooncake trace row ({e})") from None
-            hashes.append([int(h) for h in row.get("hash_ids", [])])
+                if lengths:
+                    ins.append(int(row["input_length"]))
+                    outs.append(int(row["output_length"]))
+                    hashes.append([int(h) for h in row.get("hash_ids", [])])
+            except (ValueError, KeyError, TypeError, AttributeError) as e:
+                raise SpecServeError(f"{path}:{n}: not a Mooncake trace row ({e!r})") from None
     if not stamps:
         raise SpecServeError(f"trace {path} is empty")
+    if not lengths:
+        return Trace(np.array(stamps), source=str(path), format="timestamps")
     return Trace(np.array(stamps), np.array(ins), np.array(outs),
                  hash_ids=hashes if any(hashes) else None, source=str(path), format="mooncake")
+
+
+def detect_format(path: Path) -> str:
+    """"mooncake" for JSON lines (by suffix, else by a first non-blank character of "{"), else "csv"."""
+    if path.suffix in (".jsonl", ".json"):
+        return "mooncake"
+    with open(path, errors="replace") as f:
+        head = f.read(4096).lstrip()
+    return "mooncake" if head.startswith("{") else "csv"
 
 
 def resolve_trace_path(name: str) -> Path:
@@ -166,13 +179,18 @@ def load_trace(name: str, fmt: str = "auto") -> Trace:
     path = resolve_trace_path(name)
     if fmt not in TRACE_FORMATS:
         raise SpecServeError(f"unknown trace format {fmt!r} (one of {', '.join(TRACE_FORMATS)})")
-    if fmt == "auto":
-        fmt = "mooncake" if path.suffix in (".jsonl", ".json") else "csv"
-    trace = _read_mooncake(path) if fmt == "mooncake" else _read_csv(path)
+    kind = detect_format(path) if fmt in ("auto", "timestamps") else fmt
+    if kind == "mooncake":
+        # "timestamps" takes the arrival times of any format: of a Mooncake file, without its lengths
+        # and prefix blocks, so that prompts are the data set's own (natural lengths).
+        trace = _read_mooncake(path, lengths=fmt != "timestamps")
+    else:
+        trace = _read_csv(path)
     if fmt == "azure" and trace.input_tokens is None:
         raise SpecServeError(f"trace {path}: no ContextTokens/GeneratedTokens columns for --trace-format azure")
-    if fmt == "timestamps":   # asked for arrivals only: drop any length columns
+    if fmt == "timestamps":   # asked for arrivals only: drop any lengths and prefix blocks
         trace.input_tokens = trace.output_tokens = None
+        trace.hash_ids = None
         trace.format = "timestamps"
     order = np.argsort(trace.times_s, kind="stable")
     trace.times_s = trace.times_s[order] - trace.times_s[order[0]]

@@ -51,7 +51,8 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--trace", help="trace file (Azure CSV, Mooncake JSONL, one-column timestamps) or "
                                    "'azure-conv' (shipped; the default arrival process)")
     g.add_argument("--trace-format", choices=("auto", "azure", "mooncake", "timestamps"), default="auto",
-                   help="'timestamps' uses only a trace's arrival times, not its lengths")
+                   help="'timestamps' uses only the arrival times of a trace of any format (not its "
+                        "lengths or prefix blocks); 'auto' detects the format from the file")
     g.add_argument("--time-scale", type=_rate, default=1.0,
                    help="multiply trace inter-arrival times (0.5 = twice as fast)")
     g.add_argument("--start", type=float, default=0.0, help="seconds into the trace where the window starts")

@@ -170,6 +170,12 @@ class StreamingClient:
                 result.output_tokens = usage.get("completion_tokens")
             if chunk.get("speculative"):
                 result.spec = chunk["speculative"]
+            elif (chunk.get("timings") or {}).get("draft_n") is not None:
+                # llama-server's last chunk: tokens drafted and accepted for this response, but not how
+                # many drafts (verify steps) they came in; /metrics has that (summary._spec).
+                t = chunk["timings"]
+                result.spec = {"num_draft_tokens": int(t["draft_n"]),
+                               "num_accepted_tokens": int(t.get("draft_n_accepted") or 0)}
         result.end_s = clock()
 
 

@@ -72,7 +72,9 @@ async def probe_server(http: httpx.AsyncClient, target: Target, opts: RunOptions
             raise SpecServeError(f"{target.base_url}: /v1/models lists no model; pass --model")
         model = models[0]["id"]
     entry = next((m for m in models if m.get("id") == model), models[0] if len(models) == 1 else {})
-    max_len = opts.max_model_len or entry.get("max_model_len") or None
+    # vLLM and specserve say max_model_len; llama-server gives each slot's context as meta.n_ctx
+    max_len = (opts.max_model_len or entry.get("max_model_len") or (entry.get("meta") or {}).get("n_ctx")
+               or None)
     if opts.tokenizer is not None:
         return ServerInfo(model, max_len, None, "tokenizer")
     from specserve.benchmark.prompts import RANDOM, load_dataset

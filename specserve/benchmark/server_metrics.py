@@ -1,8 +1,11 @@
 """Counters scraped from the server's Prometheus `/metrics` before and after a run (when it has one).
 
-Preemptions and speculative-decoding totals are server-side facts the client cannot see; vLLM and
-specserve name them alike (docs/server.md#metrics), with a `vllm:` or `specserve:` prefix. specserve also
-reports its speculation policy: chosen draft lengths, predicted and measured step times, SLO attainment.
+Preemptions and speculative-decoding totals are server-side facts the client cannot see; vLLM,
+specserve and llama.cpp's `llama-server --metrics` name them alike (docs/server.md#metrics), with a
+`vllm:`, `specserve:` or `llamacpp:` prefix. specserve also reports its speculation policy: chosen draft
+lengths, predicted and measured step times, SLO attainment. llama-server also reports how many of its
+fixed slots each decode call batched (a running average since start, turned into the run's own mean
+with its decode-call counter) and how many requests waited for a slot.
 """
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ import httpx
 
 from specserve.benchmark.client import server_root
 
-PREFIXES = ("specserve:", "vllm:")
+PREFIXES = ("specserve:", "vllm:", "llamacpp:")
 # key -> (metric name after the prefix, labels the series must carry): summed over matching series
 COUNTERS = {
     "preemptions": ("num_preemptions_total", {}),
@@ -32,11 +35,18 @@ COUNTERS = {
     "slo_ttft_missed": ("slo_requests_total", {"objective": "ttft", "met": "false"}),
     "slo_tpot_met": ("slo_requests_total", {"objective": "tpot", "met": "true"}),
     "slo_tpot_missed": ("slo_requests_total", {"objective": "tpot", "met": "false"}),
+    # llama-server: decode calls (its batched steps, speculation's verify passes excluded)
+    "decode_calls": ("n_decode_total", {}),
 }
+# Accepted tokens per draft position: one series per position label (0-based), summed per position.
+# vLLM names it without `_total` in its text format, llama-server with it.
+PER_POSITION = ("spec_decode_num_accepted_tokens_per_pos_total", "spec_decode_num_accepted_tokens_per_pos")
 # Point-in-time values, reported as read after the run (not as a difference)
 GAUGES = {
     "cost_model_relative_error": "spec_decode_cost_model_relative_error",
     "acceptance_calibration_error": "spec_decode_acceptance_calibration_error",
+    "requests_deferred": "requests_deferred",               # llama-server: requests waiting for a slot
+    "busy_slots_per_decode": "n_busy_slots_per_decode",     # llama-server: average since start
 }
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
@@ -64,6 +74,10 @@ def parse_prometheus(text: str) -> dict:
             number = float(value)
         except ValueError:
             continue
+        if name in PER_POSITION and labels.get("position", "").isdigit():
+            per_pos = totals.setdefault("accepted_per_position", {})
+            per_pos[int(labels["position"])] = per_pos.get(int(labels["position"]), 0.0) + number
+            continue
         for key, (suffix, want) in COUNTERS.items():
             if name == suffix and all(labels.get(k) == v for k, v in want.items()):
                 totals[key] = totals.get(key, 0.0) + number
@@ -86,7 +100,25 @@ async def scrape(http: httpx.AsyncClient, base_url: str) -> dict[str, float] | N
 
 def delta(before: dict | None, after: dict | None) -> dict | None:
     """How much each counter grew during the run, gauges and the policy as they were after it; None when
-    either scrape failed."""
+    either scrape failed. Per-position acceptance becomes a list (position 0 first); llama-server's
+    busy slots per decode, an average since the server started, becomes the run's own average."""
     if before is None or after is None:
         return None
-    return {k: v if k in GAUGES or k == "policy" else v - before.get(k, 0.0) for k, v in after.items()}
+    out = {}
+    for k, v in after.items():
+        if k == "accepted_per_position":
+            old = before.get(k) or {}
+            out[k] = [v.get(i, 0.0) - old.get(i, 0.0) for i in range(max(v) + 1)] if v else None
+        elif k in GAUGES or k == "policy":
+            out[k] = v
+        else:
+            out[k] = v - before.get(k, 0.0)
+    calls = out.get("decode_calls")
+    if "busy_slots_per_decode" in after and not calls:
+        out["busy_slots_per_decode"] = None   # no decode call during the run: no average of its own
+    elif "busy_slots_per_decode" in after:
+        # average x count = total, before and after: the run's total over the run's decode calls
+        total = (after["busy_slots_per_decode"] * after.get("decode_calls", 0.0)
+                 - before.get("busy_slots_per_decode", 0.0) * before.get("decode_calls", 0.0))
+        out["busy_slots_per_decode"] = total / calls
+    return out

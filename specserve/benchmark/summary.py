@@ -28,14 +28,21 @@ def request_row(r: RequestResult) -> dict:
 
 
 def _spec(ok: list[RequestResult], server_delta: dict | None) -> dict | None:
+    """Speculation totals: from the responses when they count drafts (specserve), else from the server's
+    /metrics counter deltas (vLLM, llama-server). llama-server's responses count drafted and accepted
+    tokens but not drafts, so the acceptance length needs /metrics; without it their rate is kept."""
     from_responses = metrics.spec_totals([r.spec for r in ok if r.spec])
-    if from_responses is not None:
+    if from_responses is not None and from_responses["num_drafts"]:
         return from_responses
-    if server_delta and server_delta.get("spec_drafts"):
-        d = server_delta
-        return metrics.spec_summary(d["spec_drafts"], d.get("spec_draft_tokens", 0),
-                                    d.get("spec_accepted_tokens", 0), None, "metrics")
-    return None
+    d = server_delta or {}
+    if d.get("spec_drafts"):
+        summary = metrics.spec_summary(d["spec_drafts"], d.get("spec_draft_tokens", 0),
+                                       d.get("spec_accepted_tokens", 0), d.get("accepted_per_position"),
+                                       "metrics")
+        if from_responses is not None:   # the measured requests' own rate, beside the server-wide one
+            summary["responses_acceptance_rate"] = from_responses["acceptance_rate"]
+        return summary
+    return from_responses
 
 
 def _policy(server_delta: dict | None) -> dict | None:

@@ -46,6 +46,11 @@ def _arrival_cv(p: argparse.ArgumentParser) -> None:
                         "default: the fitted runs')")
 
 
+def _extrapolate(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--extrapolate", action="store_true",
+                   help="also rank k outside the measured range (their costs and acceptance extrapolated)")
+
+
 def register(subparsers) -> None:
     latency = subparsers.add_parser("latency", help="fit, predict, plan and explain SD latency under load",
                                     description="The interpretable latency model (docs/design.md §2): fit "
@@ -85,6 +90,10 @@ def register(subparsers) -> None:
     p.add_argument("--ks", default="0,1,2,3,4,5,6,7,8", help="candidate k (default 0..8)")
     p.add_argument("--alpha", type=float, help="i.i.d. acceptance (default: measured per k, else median)")
     p.add_argument("--slo-e2e-ms", type=float, help="mean end-to-end latency target (ms)")
+    _extrapolate(p)
+    p.add_argument("--draws", type=int, default=400,
+                   help="coefficient draws from the fit's uncertainty for each choice of k (0: none; default 400)")
+    p.add_argument("--seed", type=int, default=0, help="seed of those draws")
     _arrival_cv(p)
     g = p.add_argument_group("capacity (--replicas)")
     g.add_argument("--replicas", type=int, nargs="?", const=64, default=None, metavar="MAX",
@@ -105,6 +114,7 @@ def register(subparsers) -> None:
     p.add_argument("model")
     p.add_argument("--ks", default="0,1,2,3,4,5,6,7,8", help="candidate k for the best-k bands")
     p.add_argument("--alpha", type=float, help="i.i.d. acceptance for the best-k bands")
+    _extrapolate(p)
     p.set_defaults(func=_handler("explain"))
 
     p = sub.add_parser("plot", help="collapse, latency-vs-rate and speedup-vs-load PNGs")

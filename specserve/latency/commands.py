@@ -13,8 +13,9 @@ from specserve.latency.arrivals import check_cv
 from specserve.latency.fit import FitOptions, fit_runs
 from specserve.latency.lengths import length_classes, read_lengths
 from specserve.latency.moe import MoeExperts
-from specserve.latency.planning import acceptance_for, break_even_for, candidate_ks, max_rate_within, plan
-from specserve.latency.report import explain as explain_text, percent, seconds
+from specserve.latency.planning import (acceptance_for, break_even_for, candidate_ks, coefficient_draws,
+                                       max_rate_within, measured_ks, outside_measured, plan)
+from specserve.latency.report import coefficient_band, explain as explain_text, percent, seconds
 from specserve.latency.runs import load_runs
 from specserve.latency.saturation import SaturationRules
 
@@ -77,10 +78,8 @@ def fit(args: argparse.Namespace) -> int:
     c = m.e2e.coefficients
     print("pooled E2E coefficients (95% CI):")
     for name, value in c.values.items():
-        ci = c.ci95[name]
-        band = "not identifiable" if name in c.not_identifiable else (
-            "no CI" if ci is None else f"[{seconds(ci[0])}, {seconds(ci[1])}]")
-        print(f"  {name:7s} {seconds(value):>12s}  {band}")
+        shown = "0" if c.status(name) in ("at bound", "not identifiable") else seconds(value)
+        print(f"  {name:7s} {shown:>12s}  {coefficient_band(c, name)}")
     print(f"  R² {c.r2:.4f}, MAPE {percent(c.mape)}")
     print("per configuration (C1, C2 fitted alone):")
     for conf in m.configurations:
@@ -153,6 +152,14 @@ def predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def _share_text(share: dict[int, float] | None, best: int | None) -> str:
+    """`4 (62%), 3 (38%)`: how often each k came out best over the fit's coefficient draws."""
+    if not share:
+        return "-"
+    order = sorted(share, key=lambda k: (-share[k], k))
+    return ", ".join(f"{k} ({share[k]:.0%})" for k in order if share[k] >= 0.01 or k == best)
+
+
 def plan_command(args: argparse.Namespace) -> int:
     m = _model(args)
     ks = _numbers(args.ks, int)
@@ -162,10 +169,19 @@ def plan_command(args: argparse.Namespace) -> int:
     if not args.rates:
         raise SpecServeError("--rates is required (or --replicas to plan replicas for a trace)")
     target = None if args.slo_e2e_ms is None else args.slo_e2e_ms / 1e3
-    rows = plan(m, _numbers(args.rates), ks, args.alpha, target)
-    expected, left_out = candidate_ks(m, ks, args.alpha)
+    outside = [] if args.extrapolate else outside_measured(m, ks)
+    ranked = [k for k in ks if k not in outside]
+    if not ranked:
+        raise SpecServeError(f"none of k={','.join(map(str, ks))} was measured or lies between measured k "
+                             f"({','.join(map(str, measured_ks(m)))}): pass --extrapolate to rank them anyway")
+    rows = plan(m, _numbers(args.rates), ranked, args.alpha, target, args.extrapolate, args.draws, args.seed)
+    _, uncertainty = coefficient_draws(m, min(args.draws, 1))
+    expected, left_out = candidate_ks(m, ranked, args.alpha)
+    measured = set(measured_ks(m))
+    unmeasured = sorted(k for k in expected if k not in measured)
     sources = {k: acceptance_for(m, k, args.alpha)[1] for k in expected}
-    breaks = {k: break_even_for(m, k, e) for k, e in expected.items() if k > 0}
+    dense_measured = args.extrapolate or not outside_measured(m, [0])
+    breaks = {k: break_even_for(m, k, e) for k, e in expected.items() if k > 0} if dense_measured else {}
     most = None
     if target is not None:
         rates = {k: max_rate_within(m, k, e, target) for k, e in expected.items()}
@@ -174,37 +190,65 @@ def plan_command(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(model_file.finite_json({
             "rows": [{"rate": r.rate, "best_k": r.best_k, "e2e_s": r.best, "dense_e2e_s": r.dense,
-                      "speedup": r.speedup, "meets_slo": r.meets_target, "e2e_by_k_s": r.latencies} for r in rows],
+                      "speedup": r.speedup, "meets_slo": r.meets_target, "e2e_by_k_s": r.latencies,
+                      "best_k_share": r.best_share, "e2e_ci95_s": None if r.best_band is None else list(r.best_band)}
+                     for r in rows],
             "break_even": {k: {"regime": b.regime, "rate": b.rate, "acceptance_length": expected[k]}
                            for k, b in breaks.items()},
+            "measured_k": sorted(measured), "unmeasured_k": unmeasured, "outside_measured_k": outside,
+            "uncertainty": {"draws": args.draws, "from": uncertainty},
             "not_identifiable_k": left_out, "slo_e2e_ms": args.slo_e2e_ms, "best_under_slo": most}), indent=1))
         return 0
-    print(f"{'rate':>8s} {'best k':>6s} {'E2E':>12s} {'no SD':>12s} {'speedup':>8s}" + ("  SLO" if target else ""))
+    mark = lambda k: "-" if k is None else f"{k}{'*' if k in unmeasured else ''}"  # noqa: E731
+    draws = args.draws > 0 and uncertainty != "none"
+    header = f"{'rate':>8s} {'best k':>6s} {'E2E':>12s}" + (f" {'95% band':>21s}" if draws else "")
+    print(header + f" {'no SD':>12s} {'speedup':>8s}" + ("  SLO" if target else "")
+          + ("  best k over the fit's uncertainty" if draws else ""))
     for r in rows:
-        best = "-" if r.best_k is None else str(r.best_k)
         speed = "-" if r.speedup is None else f"{r.speedup:.2f}x"
         slo = "" if r.meets_target is None else ("  met" if r.meets_target else "  MISSED")
-        dense = "n/a" if r.dense is None else seconds(r.dense)
-        print(f"{r.rate:8.3g} {best:>6s} {seconds(r.best):>12s} {dense:>12s} {speed:>8s}{slo}")
+        dense = ("n/a" if 0 in measured or args.extrapolate else "not measured") if r.dense is None else seconds(r.dense)
+        band = ("" if not draws else " " + ("n/a" if r.best_band is None else
+                                             f"{seconds(r.best_band[0])} to {seconds(r.best_band[1])}").rjust(21))
+        share = f"  {_share_text(r.best_share, r.best_k)}" if draws else ""
+        print(f"{r.rate:8.3g} {mark(r.best_k):>6s} {seconds(r.best):>12s}{band} {dense:>12s} {speed:>8s}{slo}{share}")
+    print(f"measured k: {','.join(map(str, sorted(measured)))}")
+    if unmeasured:
+        print(f"* not measured, interpolated between measured k: k={','.join(map(str, unmeasured))}"
+              + (" (with --extrapolate: or extrapolated)" if args.extrapolate else ""))
+    if outside:
+        print(f"not ranked, outside the measured range (--extrapolate ranks them): k={','.join(map(str, outside))}")
+    if draws:
+        how = ("the fit's covariance" if uncertainty == "covariance" else
+               "the coefficients' 95% intervals taken as independent (this model file has no covariance: "
+               "refit for the tighter, correlated spread)")
+        print(f"uncertainty: {args.draws} coefficient draws from {how}; the share is how often each k came out "
+              "best, the band the best k's mean E2E over the draws (acceptance taken as measured)")
+        close = [r for r in rows if r.best_share and r.best_k is not None and r.best_share.get(r.best_k, 0) < 0.95]
+        if close:
+            print("the data do not settle the choice at " + ", ".join(f"{r.rate:g} req/s" for r in close)
+                  + ": the runs leave more than 5% of draws preferring another k")
+    if not dense_measured:
+        print("break-even: not computed, plain decoding was not measured (--extrapolate predicts it)")
     if breaks:
         print("break-even (where SD and plain decoding are equally fast):")
     for k, b in breaks.items():
         where = "" if b.rate is None else f" at {b.rate:.3g} req/s"
-        print(f"  k={k} (E={expected[k]:.2f}, {sources[k]}): {b.regime}{where}")
+        print(f"  k={mark(k)} (E={expected[k]:.2f}, {sources[k]}): {b.regime}{where}")
     if left_out:
         print(f"not ranked (the fitted runs cannot identify their cost): k={','.join(map(str, left_out))}")
     if most is not None:
         if most["max_rate"] <= 0:
             print(f"no k meets {args.slo_e2e_ms:g} ms even for a lone request")
         elif math.isinf(most["max_rate"]):
-            print(f"k={most['k']} meets {args.slo_e2e_ms:g} ms at any rate (no contention measured)")
+            print(f"k={mark(most['k'])} meets {args.slo_e2e_ms:g} ms at any rate (no contention measured)")
         else:
-            print(f"most load within {args.slo_e2e_ms:g} ms mean E2E: {most['max_rate']:.3g} req/s with k={most['k']}")
+            print(f"most load within {args.slo_e2e_ms:g} ms mean E2E: {most['max_rate']:.3g} req/s with k={mark(most['k'])}")
     return 0
 
 
 def explain(args: argparse.Namespace) -> int:
-    print(explain_text(model_file.load(args.model), _numbers(args.ks, int), args.alpha))
+    print(explain_text(model_file.load(args.model), _numbers(args.ks, int), args.alpha, args.extrapolate))
     return 0
 
 

@@ -34,7 +34,7 @@ from specserve.errors import SpecServeError
 from specserve.latency.arrivals import EQUAL, Lifetimes, company, loaded_latency
 from specserve.latency.formulas import Demands, check_rate
 from specserve.latency.moe import MoeDemands, MoeExperts, moe_latency, routed_tokens
-from specserve.latency.regression import (FittedCoefficients, RowSpace, confidence_intervals,
+from specserve.latency.regression import (FittedCoefficients, RowSpace, confidence_intervals, covariance,
                                           nonneg_weighted_lstsq)
 from specserve.latency.runs import BenchRun
 
@@ -77,17 +77,25 @@ def fit_demands(rate: np.ndarray, latency: np.ndarray, X: np.ndarray,
     precise data that identify θ_j override it and it decides only directions the data leave flat.
     Each floor (i, j) bounds θ_i ≥ θ_j: the fit runs in θ' = P⁻¹·θ, with θ'_i = θ_i − θ_j ≥ 0.
     Returns (θ, kept columns of θ', CIs of θ)."""
+    return fit_demands_with_covariance(rate, latency, X, priors, cv, lifetimes, floors)[:3]
+
+
+def fit_demands_with_covariance(rate: np.ndarray, latency: np.ndarray, X: np.ndarray,
+                                priors: Sequence[tuple[int, float]] = (), cv: np.ndarray | float = 1.0,
+                                lifetimes: Sequence[Lifetimes] | None = None, floors: Sequence[tuple[int, int]] = ()):
+    """fit_demands, and the linearised covariance of θ (zero rows and columns for coefficients held at 0;
+    None without residual freedom), which `latency plan` carries into its choice of k."""
     cv = np.broadcast_to(np.asarray(cv, dtype=float), rate.shape)
     mix = [EQUAL] * len(rate) if lifetimes is None else list(lifetimes)
     P = np.eye(2 * X.shape[1])
     for above, below in floors:
         P[above, below] = 1.0
-    theta, keep, cis, relative = _fit_demands(rate, latency, X, (), cv, mix, P)
+    theta, keep, cis, relative, cov = _fit_demands(rate, latency, X, (), cv, mix, P)
     if priors:
         scatter = float(np.sqrt(np.mean(relative ** 2)))
-        theta, keep, cis, _ = _fit_demands(rate, latency, X, [(j, v, scatter / PRIOR_SPREAD) for j, v in priors],
-                                           cv, mix, P)
-    return theta, keep, cis
+        theta, keep, cis, _, cov = _fit_demands(rate, latency, X, [(j, v, scatter / PRIOR_SPREAD) for j, v in priors],
+                                                cv, mix, P)
+    return theta, keep, cis, cov
 
 
 def _fit_demands(rate: np.ndarray, latency: np.ndarray, X: np.ndarray, priors: Sequence[tuple[int, float, float]],
@@ -137,11 +145,17 @@ def _fit_demands(rate: np.ndarray, latency: np.ndarray, X: np.ndarray, priors: S
     # Intervals on θ = P·θ' from the linearised covariance of θ' (least-squares Jacobian at the answer).
     jac = res.jac if best is res.x else _jacobian(residuals, best)
     cis = [None] * (2 * q)
-    for j, ci in zip(keep, confidence_intervals(best, jac, residuals(best), P[np.ix_(free, free)])):
+    transform = P[np.ix_(free, free)]
+    for j, ci in zip(keep, confidence_intervals(best, jac, residuals(best), transform)):
         cis[j] = ci
+    kept_cov = covariance(jac, residuals(best), transform)
+    cov = None
+    if kept_cov is not None:
+        cov = np.zeros((2 * q, 2 * q))
+        cov[np.ix_(free, free)] = kept_cov
     theta = np.zeros(2 * q)
     theta[free] = full(best)[free]  # a coefficient the data cannot identify is held at 0
-    return theta, keep, cis, residuals(best)[:n]
+    return theta, keep, cis, residuals(best)[:n], cov
 
 
 def _jacobian(f, x: np.ndarray) -> np.ndarray:
@@ -221,7 +235,8 @@ def fit_e2e(runs: Sequence[BenchRun], moe: MoeExperts | None = None, pooled: boo
         priors = [(names.index("c2p"), lone_prefill(runs))]
     floors = [(names.index("c2d"), names.index("c2v"))] if pooled and moe is None and draft_floor else []
     cv = np.array([r.cv for r in runs])
-    theta, keep, cis = fit_demands(rate, latency, X, priors, cv, [r.lifetimes for r in runs], floors)
+    theta, keep, cis, cov = fit_demands_with_covariance(rate, latency, X, priors, cv, [r.lifetimes for r in runs],
+                                                        floors)
     typical = float(np.median(cv))  # the traffic predictions are for unless told (1 = Poisson)
     # The fit may leave a configuration with C1 = 0 only through degenerate data; report it as such.
     provisional = E2EModel(FittedCoefficients.build(names, theta, keep, cis, latency, latency),
@@ -231,5 +246,5 @@ def fit_e2e(runs: Sequence[BenchRun], moe: MoeExperts | None = None, pooled: boo
                                                   r.lifetimes) for r in runs])
     except SpecServeError as e:
         raise SpecServeError(f"latency fit is degenerate ({e}); check the runs' latencies") from None
-    return E2EModel(FittedCoefficients.build(names, theta, keep, cis, latency, predicted),
+    return E2EModel(FittedCoefficients.build(names, theta, keep, cis, latency, predicted, cov),
                     moe, RowSpace.of(U), pooled, typical)

@@ -40,14 +40,18 @@ def _nan(value) -> float:
 def _coefficients(c: FittedCoefficients) -> dict:
     return {"values": c.values, "ci95": {k: None if v is None else list(v) for k, v in c.ci95.items()},
             "not_identifiable": list(c.not_identifiable), "n_points": c.n_points, "r2": c.r2,
-            "mape_percent": c.mape}
+            "mape_percent": c.mape,
+            "covariance": None if c.covariance is None else [list(row) for row in c.covariance]}
 
 
 def _read_coefficients(d: dict) -> FittedCoefficients:
     return FittedCoefficients({k: float(v) for k, v in d["values"].items()},
                               {k: None if v is None else (float(v[0]), float(v[1])) for k, v in d["ci95"].items()},
                               tuple(d["not_identifiable"]), int(d["n_points"]), _nan(d["r2"]),
-                              _nan(d["mape_percent"]))
+                              _nan(d["mape_percent"]),
+                              # absent from files written before plans carried the fit's uncertainty
+                              None if d.get("covariance") is None else
+                              tuple(tuple(float(x) for x in row) for row in d["covariance"]))
 
 
 def _space(s: RowSpace) -> dict:

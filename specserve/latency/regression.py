@@ -64,6 +64,17 @@ def t_quantile(dof: int) -> float:
     return float(t.ppf(0.975, dof))
 
 
+def covariance(jac: np.ndarray, residuals: np.ndarray, transform: np.ndarray | None = None) -> np.ndarray | None:
+    """The linearised covariance s²(JᵀJ)⁻¹ (of T·values with `transform` T: T·cov·Tᵀ); None when there is
+    no residual freedom."""
+    n, p = jac.shape
+    T = np.eye(p) if transform is None else np.asarray(transform, dtype=float)
+    if n <= p:
+        return None
+    s2 = float(residuals @ residuals) / (n - p)
+    return T @ (s2 * np.linalg.pinv(jac.T @ jac)) @ T.T
+
+
 def confidence_intervals(values: np.ndarray, jac: np.ndarray, residuals: np.ndarray,
                          transform: np.ndarray | None = None) -> list[tuple[float, float] | None]:
     """95% intervals from the linearised covariance s²(JᵀJ)⁻¹; None when there is no residual freedom.
@@ -71,10 +82,9 @@ def confidence_intervals(values: np.ndarray, jac: np.ndarray, residuals: np.ndar
     fit made in other parameters."""
     n, p = jac.shape
     T = np.eye(p) if transform is None else np.asarray(transform, dtype=float)
-    if n <= p:
+    cov = covariance(jac, residuals, T)
+    if cov is None:
         return [None] * T.shape[0]
-    s2 = float(residuals @ residuals) / (n - p)
-    cov = T @ (s2 * np.linalg.pinv(jac.T @ jac)) @ T.T
     half = t_quantile(n - p) * np.sqrt(np.clip(np.diag(cov), 0.0, None))
     return [(float(v - h), float(v + h)) for v, h in zip(T @ values, half)]
 
@@ -116,6 +126,12 @@ def mape(observed: np.ndarray, predicted: np.ndarray) -> float:
     return float(np.mean(np.abs(predicted - observed) / observed) * 100.0)
 
 
+# A fitted value this small next to the largest coefficient of its fit sits at its lower bound 0: the
+# non-negative fit pushed it there and the data cannot tell it from nothing (the optimiser stops at
+# ~1e-15 s, which `explain` used to print as "8.67e-13 ms").
+_AT_BOUND = 1e-6
+
+
 @dataclass(frozen=True, slots=True)
 class FittedCoefficients:
     """Named coefficient values with 95% intervals and the quality of the fit they came from."""
@@ -126,6 +142,9 @@ class FittedCoefficients:
     n_points: int
     r2: float
     mape: float  # percent, in-sample
+    # Linearised covariance of the values, rows and columns in `values` order (0 for those held at 0);
+    # None where the fit leaves no residual freedom, or for files written before it was stored.
+    covariance: tuple[tuple[float, ...], ...] | None = None
 
     def __getitem__(self, name: str) -> float:
         return self.values[name]
@@ -133,13 +152,37 @@ class FittedCoefficients:
     def vector(self, names: Sequence[str]) -> np.ndarray:
         return np.array([self.values[n] for n in names], dtype=float)
 
+    def status(self, name: str) -> str:
+        """How far the data speak for one coefficient: "not identifiable" (the runs cannot separate it
+        from the others; held at 0), "at bound" (the fit pushed it to its lower bound 0: no cost the data
+        can tell from nothing), "unresolved" (positive, but its 95% interval reaches 0) or "resolved"."""
+        if name in self.not_identifiable:
+            return "not identifiable"
+        value = self.values[name]
+        largest = max((abs(v) for v in self.values.values()), default=0.0)
+        if value <= _AT_BOUND * largest:
+            return "at bound"
+        ci = self.ci95.get(name)
+        if ci is not None and ci[0] <= 0.0:
+            return "unresolved"
+        return "resolved"
+
+    def covariance_matrix(self, names: Sequence[str]) -> np.ndarray | None:
+        """The covariance restricted to `names`, in that order; None when the fit stored none."""
+        if self.covariance is None:
+            return None
+        order = list(self.values)
+        idx = [order.index(n) for n in names]
+        return np.asarray(self.covariance, dtype=float)[np.ix_(idx, idx)]
+
     @classmethod
     def build(cls, names: Sequence[str], theta: np.ndarray, keep: Sequence[int],
               cis: Sequence[tuple[float, float] | None], observed: np.ndarray,
-              predicted: np.ndarray) -> "FittedCoefficients":
+              predicted: np.ndarray, cov: np.ndarray | None = None) -> "FittedCoefficients":
         kept = set(keep)
         return cls(values={n: float(v) for n, v in zip(names, theta)},
                    ci95={n: ci for n, ci in zip(names, cis)},
                    not_identifiable=tuple(n for j, n in enumerate(names) if j not in kept),
                    n_points=int(len(observed)), r2=r_squared(observed, predicted),
-                   mape=mape(observed, predicted))
+                   mape=mape(observed, predicted),
+                   covariance=None if cov is None else tuple(tuple(map(float, row)) for row in cov))

@@ -6,7 +6,8 @@ from collections.abc import Sequence
 
 from specserve.latency.arrivals import company
 from specserve.latency.fit import FitReport
-from specserve.latency.planning import best_k_bands, break_even_for, candidate_ks
+from specserve.latency.planning import best_k_bands, break_even_for, candidate_ks, measured_ks, outside_measured
+from specserve.latency.regression import FittedCoefficients
 from specserve.latency.tails import EXPONENTIAL_FACTOR
 
 
@@ -16,6 +17,40 @@ def seconds(value: float | None) -> str:
     if math.isinf(value):
         return "inf (saturated)"
     return f"{value * 1e3:.3g} ms" if value < 1 else f"{value:.3g} s"
+
+
+def term(c: FittedCoefficients, names: Sequence[str], amount: float) -> str:
+    """`amount` (a cost built from the coefficients `names`) in words: a time where the data measured one,
+    else what the data say instead. A value the non-negative fit pushed to its bound 0 is no measured
+    cost, however many digits it has (it used to read "8.67e-13 ms of everyone's step time")."""
+    statuses = [c.status(n) for n in names if n in c.values]
+    if statuses and "not identifiable" in statuses and all(st in ("not identifiable", "at bound") for st in statuses):
+        return f"a cost the runs cannot identify ({'/'.join(names)} held at 0)"
+    if statuses and all(st == "at bound" for st in statuses):
+        return (f"no cost the runs can tell from zero ({'/'.join(names)} at "
+                f"{'its' if len(names) == 1 else 'their'} lower bound 0)")
+    return seconds(amount)
+
+
+def _unresolved(c: FittedCoefficients, names: Sequence[str]) -> bool:
+    """Every coefficient a demand is built from is at its bound or not identifiable: the demand is no
+    measurement, and ratios to it (C1R) mean nothing."""
+    return all(c.status(n) in ("at bound", "not identifiable") for n in names if n in c.values)
+
+
+def coefficient_band(c: FittedCoefficients, name: str) -> str:
+    """The 95% interval of one coefficient, or what the data say instead of one."""
+    status = c.status(name)
+    ci = c.ci95.get(name)
+    if status == "not identifiable":
+        return "not identifiable from these runs (held at 0)"
+    if status == "at bound":
+        return ("at its lower bound 0: the runs cannot tell it from zero"
+                + ("" if ci is None or ci[1] <= 0 else f" (95% CI up to {seconds(ci[1])})"))
+    if ci is None:
+        return "no CI"
+    band = f"[{seconds(max(ci[0], 0.0)) if ci[0] > 0 else '0'}, {seconds(ci[1])}]"
+    return band + (" (the interval reaches 0: not resolved from zero)" if status == "unresolved" else "")
 
 
 def percent(value: float | None) -> str:
@@ -48,11 +83,13 @@ def _configuration(report: FitReport, k: int, e: float, g: float, p: float, sour
     # C1 of a lone request; C2 where a growing queue ends up (full expert coverage for MoE).
     dense, sd = m.demands(0, 1.0, g, p), m.demands(k, e, g, p)
     dense_sat, sd_sat = m.saturation_rate(0, 1.0, g, p), m.saturation_rate(k, e, g, p)
-    c1r = sd.c1 / dense.c1
+    # plain decoding's lone latency is c1p + g·c1v: when the runs leave both at 0, no ratio to it is a measurement
+    dense_c1_known = not _unresolved(c, ("c1p", "c1v", "c1p_s", "c1v_s")) and dense.c1 > 0
+    c1r = sd.c1 / dense.c1 if dense_c1_known else None
     c2r = dense_sat / sd_sat if math.isfinite(dense_sat) else (1.0 if math.isinf(sd_sat) else math.inf)
     be = break_even_for(m, k, e, g, p)
     lines = [f"k={k}, E={e:.2f} tokens per cycle ({source}, {g:.0f} output tokens): "
-             f"C1R = {c1r:.2f}, C2R = {c2r:.2f}."]
+             f"C1R = {'n/a' if c1r is None else f'{c1r:.2f}'}, C2R = {c2r:.2f}."]
     if c.not_identifiable:
         lines.append(f"  ({', '.join(c.not_identifiable)} could not be separated from the other coefficients "
                      "and are held at 0: read the per-term costs below with that in mind.)")
@@ -60,14 +97,19 @@ def _configuration(report: FitReport, k: int, e: float, g: float, p: float, sour
     # Per-term costs; with MoE the expert part at a lone request's coverage (C1) or full coverage (C2).
     lone = m.e2e.moe.coverage(k + 1) if m.e2e.moe else 0.0
     cost = lambda name, phi: c[name] + phi * c.values.get(name + "_s", 0.0)  # noqa: E731
-    lines.append(f"  Alone, a request is {1 / c1r:.2f}x as fast as plain decoding (1/C1R): each cycle adds "
-                 f"{_count(k, 'draft step')} ({seconds(k * cost('c1d', lone))}) to a verify pass "
-                 f"({seconds(cost('c1v', lone))}) and commits {e:.2f} tokens instead of 1.")
+    # the names a per-term cost is built from (the expert part too, with MoE), to say when it is no measurement
+    parts = lambda name: [name] + ([name + "_s"] if name + "_s" in c.values else [])  # noqa: E731
+    alone = ("  Alone, plain decoding's latency is not resolved by these runs (c1p and c1v at 0), so no "
+             "zero-load speedup is claimed" if c1r is None else
+             f"  Alone, a request is {1 / c1r:.2f}x as fast as plain decoding (1/C1R)")
+    lines.append(f"{alone}: each cycle adds "
+                 f"{_count(k, 'draft step')} ({term(c, parts('c1d'), k * cost('c1d', lone))}) to a verify pass "
+                 f"({term(c, parts('c1v'), cost('c1v', lone))}) and commits {e:.2f} tokens instead of 1.")
     if c2r > 1:
         lines.append(f"  Under load the speedup shrinks: each request in flight loads the shared batch with "
-                     f"{_count(drafted, 'drafted token')} per cycle ({seconds(k * cost('c2d', 1.0))} of everyone's "
-                     f"step time) but only {saved:.2f} are accepted, saving {seconds(saved * cost('c2v', 1.0))} of "
-                     "decode steps; "
+                     f"{_count(drafted, 'drafted token')} per cycle ({term(c, parts('c2d'), k * cost('c2d', 1.0))} "
+                     f"of everyone's step time) but only {saved:.2f} are accepted, saving "
+                     f"{term(c, parts('c2v'), saved * cost('c2v', 1.0))} of decode steps; "
                      f"so a co-resident costs {c2r:.2f}x as much as without SD (C2R > 1).")
     else:
         lines.append(f"  Under load SD keeps paying: the {saved:.2f} accepted tokens per cycle save more batch "
@@ -89,7 +131,7 @@ def _configuration(report: FitReport, k: int, e: float, g: float, p: float, sour
 
 
 def explain(report: FitReport, ks: Sequence[int] = (0, 1, 2, 3, 4, 5, 6, 7, 8),
-            alpha: float | None = None) -> str:
+            alpha: float | None = None, extrapolate: bool = False) -> str:
     m = report.model
     n_runs = sum(c.n_runs for c in m.configurations)
     out = [f"Latency model from {n_runs} pre-saturation runs of {len(m.configurations)} configurations "
@@ -100,7 +142,11 @@ def explain(report: FitReport, ks: Sequence[int] = (0, 1, 2, 3, 4, 5, 6, 7, 8),
                 for x in report.excluded]
     out += _quality(report)
     dense, sat = m.demands(0, 1.0), m.saturation_rate(0, 1.0)
-    out += ["", f"Plain decoding ({m.output_tokens:.0f} output tokens): C1 = {seconds(dense.c1)} (a lone request's "
+    c = m.e2e.coefficients
+    if 0 not in measured_ks(m):
+        out += ["", "Plain decoding was not measured: what follows for it is extrapolated from the speculative runs."]
+    out += ["", f"Plain decoding ({m.output_tokens:.0f} output tokens): "
+            f"C1 = {term(c, ['c1p', 'c1v'], dense.c1)} (a lone request's "
             f"latency), C2 = {seconds(1 / sat if sat > 0 else 0.0)} (added per request in flight); latency is "
             f"C1/(1 - rate x C2) and saturates at {sat:.3g} req/s."]
     if m.arrival_cv != 1.0:
@@ -126,12 +172,18 @@ def explain(report: FitReport, ks: Sequence[int] = (0, 1, 2, 3, 4, 5, 6, 7, 8),
     if sd_ks and (alpha is not None or m.typical_alpha() is not None):
         out += ["", "Best k by rate" + (f" (alpha = {alpha})" if alpha is not None else
                                         " (measured E where k was run, else the median fitted alpha)") + ":"]
-        bands = best_k_bands(m, list(ks), alpha)
-        left_out = candidate_ks(m, list(ks), alpha)[1]
+        outside = [] if extrapolate else outside_measured(m, ks)
+        ranked = [k for k in ks if k not in outside]
+        bands = best_k_bands(m, ranked, alpha) if ranked else []
+        left_out = candidate_ks(m, ranked, alpha)[1] if ranked else []
         if left_out:
             out.append(f"  (not ranked, the runs cannot identify their cost: k={','.join(map(str, left_out))})")
+        if outside:
+            out.append(f"  (not ranked, outside the measured k {','.join(map(str, measured_ks(m)))}: "
+                       f"k={','.join(map(str, outside))}; --extrapolate ranks them)")
+        measured = set(measured_ks(m))
         for k, lo, hi in bands:
-            name = "no SD" if k == 0 else f"k={k}"
+            name = ("no SD" if k == 0 else f"k={k}") + ("" if k in measured else " (not measured)")
             out.append(f"  {name}: from {lo:.3g} req/s" if math.isinf(hi) else f"  {name}: {lo:.3g} to {hi:.3g} req/s")
         out.append("  Long drafts pay at low load, where C1 dominates; short or none near saturation, where C2 "
                    "does. Above the last band no k sustains the rate.")
@@ -144,11 +196,13 @@ def explain(report: FitReport, ks: Sequence[int] = (0, 1, 2, 3, 4, 5, 6, 7, 8),
 def _phases(report: FitReport) -> list[str]:
     m = report.model
     t, s = m.ttft.coefficients, m.tpot.coefficients
-    lines = [f"TTFT: {seconds(t['t1'])} alone (+{seconds(t['t1d'])} draft prefill with SD); once others are "
-             f"decoding, the running step's fixed cost adds up to {seconds(t['tb'])} (+{seconds(t['tb_d'])} per "
-             f"drafted token), and each request in flight {seconds(t['t2'])} (+{seconds(t['t2d'])} per drafted token).",
-             f"TPOT: a cycle takes {seconds(s['s1v'])} + {seconds(s['s1d'])} per drafted token alone; each "
-             f"request in flight adds {seconds(s['s2v'])} + {seconds(s['s2d'])} per drafted token; divided by "
+    tt = lambda name: term(t, [name], t[name])  # noqa: E731
+    st = lambda name: term(s, [name], s[name])  # noqa: E731
+    lines = [f"TTFT: {tt('t1')} alone (+{tt('t1d')} draft prefill with SD); once others are "
+             f"decoding, the running step's fixed cost adds up to {tt('tb')} (+{tt('tb_d')} per "
+             f"drafted token), and each request in flight {tt('t2')} (+{tt('t2d')} per drafted token).",
+             f"TPOT: a cycle takes {st('s1v')} + {st('s1d')} per drafted token alone; each "
+             f"request in flight adds {st('s2v')} + {st('s2d')} per drafted token; divided by "
              "the E tokens a cycle commits."]
     if m.prefill_per_token is not None:
         lines.append(f"Prefill: {seconds(m.prefill_per_token)} per prompt token.")

@@ -2,7 +2,10 @@
 
 Every response waits `ttft_s`, sends its first chunk, then one chunk every `itl_s` with `tokens_per_chunk`
 tokens each, then a usage chunk carrying `speculative` stats, then [DONE]. The numbers are known, so the
-client's measurements can be checked against them.
+client's measurements can be checked against them. `llamacpp=True` imitates llama-server instead: no
+`max_model_len` in /v1/models, `llamacpp:` metrics (speculation counters with per-position acceptance,
+decode calls and busy slots per decode), and per-response `timings.draft_n`/`draft_n_accepted` in place of
+`speculative`, every response speculating 3 tokens per verify step whatever it streams per chunk.
 """
 from __future__ import annotations
 
@@ -29,6 +32,10 @@ class Script:
     seen: list = field(default_factory=list)   # request bodies received, for assertions
     preemptions: int = 0
     drafts: int = 0
+    llamacpp: bool = False
+    drafted: int = 0
+    accepted: int = 0
+    decode_calls: int = 0
 
 
 def make_app(script: Script) -> FastAPI:
@@ -36,11 +43,26 @@ def make_app(script: Script) -> FastAPI:
 
     @app.get("/v1/models")
     async def models():
+        if script.llamacpp:
+            return {"object": "list", "data": [{"id": "fake-model", "object": "model", "owned_by": "llamacpp",
+                                                "meta": {"n_ctx": script.max_model_len}}]}
         return {"object": "list", "data": [{"id": "fake-model", "object": "model",
                                             "max_model_len": script.max_model_len}]}
 
     @app.get("/metrics")
     async def metrics():
+        if script.llamacpp:   # as llama-server --metrics writes them (tools/server/server-task.cpp)
+            busy = 2.0 if script.decode_calls else 0.0   # a running average over every decode call
+            lines = [f"llamacpp:spec_decode_num_draft_tokens_total {script.drafted}",
+                     f"llamacpp:spec_decode_num_accepted_tokens_total {script.accepted}",
+                     f"llamacpp:spec_decode_num_drafts_total {script.drafts}",
+                     f"llamacpp:n_decode_total {script.decode_calls}",
+                     f"llamacpp:n_busy_slots_per_decode {busy}",
+                     "llamacpp:requests_deferred 0",
+                     f'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{{position="0"}} {script.drafts}',
+                     f'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{{position="1"}} '
+                     f'{script.accepted - script.drafts}']
+            return PlainTextResponse("\n".join(lines) + "\n")
         lines = ["# TYPE specserve:num_preemptions_total counter",
                  f'specserve:num_preemptions_total{{model_name="fake-model"}} {script.preemptions}',
                  f'specserve:spec_decode_num_drafts_total{{model_name="fake-model"}} {script.drafts}']
@@ -72,6 +94,17 @@ def make_app(script: Script) -> FastAPI:
                 step = min(script.tokens_per_chunk, n_out - sent)
                 yield chunk(" tok" * step)
                 sent += step
+            if script.llamacpp:
+                drafts = -(-n_out // 3)   # 3 tokens per verify step: 2 accepted drafts + 1
+                script.drafts += drafts
+                script.drafted += 3 * drafts
+                script.accepted += n_out - drafts
+                script.decode_calls += n_out
+                timings = {"predicted_n": n_out, "draft_n": 3 * drafts, "draft_n_accepted": n_out - drafts}
+                yield chunk("", usage={"prompt_tokens": n_prompt, "completion_tokens": n_out,
+                                       "total_tokens": n_prompt + n_out}, timings=timings)
+                yield "data: [DONE]\n\n"
+                return
             drafts = -(-n_out // script.tokens_per_chunk)
             script.drafts += drafts
             script.preemptions += 1

@@ -64,7 +64,12 @@ def test_plan_and_explain(model_json, capsys):
     assert "break-even" in out and "most load within 4000 ms" in out and "MISSED" in out
     assert main(["latency", "plan", str(model_json), "--rates", "0.1", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["rows"][0]["best_k"] >= 1 and set(data["break_even"]) == {str(k) for k in range(1, 9)}
+    # measured: k = 0, 1, 2, 4, 6; k = 7 and 8 lie outside and are not ranked unless asked
+    assert data["rows"][0]["best_k"] >= 1 and set(data["break_even"]) == {str(k) for k in range(1, 7)}
+    assert data["outside_measured_k"] == [7, 8] and data["unmeasured_k"] == [3, 5]
+    assert main(["latency", "plan", str(model_json), "--rates", "0.1", "--json", "--extrapolate"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert set(data["break_even"]) == {str(k) for k in range(1, 9)} and data["outside_measured_k"] == []
     assert main(["latency", "explain", str(model_json)]) == 0
     assert "C1R" in capsys.readouterr().out
 
