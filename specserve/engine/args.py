@@ -14,8 +14,9 @@ def add_engine_args(p: argparse.ArgumentParser, max_num_batched_tokens: int) -> 
                    help='JSON, e.g. \'{"model": "default", "num_speculative_tokens": 4}\' or '
                         '\'{"method": "ngram", "num_speculative_tokens": 4}\'')
     g.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
-    g.add_argument("--quantization", default=None, choices=["gguf", "q8_0", "q4_0", "q4_1"],
-                   help="gguf: keep a .gguf model's quantized matrices; q8_0/q4_0/q4_1: quantize at load")
+    g.add_argument("--quantization", default="auto", choices=["auto", "none", "gguf", "q8_0", "q4_0", "q4_1"],
+                   help="auto (default): a GGUF model on the CPU keeps its quantized matrices (gguf), else none; "
+                        "none: dense in --dtype; q8_0/q4_0/q4_1: quantize at load")
     g.add_argument("--device", default="auto", help="auto (cuda if torch sees a GPU, else cpu), cpu or cuda[:N]")
     g.add_argument("--max-num-seqs", type=int, default=64)
     g.add_argument("--max-num-batched-tokens", type=int, default=max_num_batched_tokens,

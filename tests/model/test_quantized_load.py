@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from specserve.errors import ModelLoadError
+from specserve.errors import ModelLoadError, SpecServeError
 from specserve.model import kernels
 from specserve.model.cpu_linear import KernelLinear, dequantize_gguf, kernel_can_run, quantize
 from specserve.model.loader import load_model
@@ -84,3 +84,15 @@ def test_quantization_errors_are_clear(tmp_path, tiny_target):
         load_model(str(tiny_target), quantization="q3_x")
     with pytest.raises(ModelLoadError, match="'gguf' needs a .gguf model"):
         load_model(str(tiny_target), quantization="gguf")
+
+
+def test_auto_quantization_keeps_a_gguf_models_blocks_on_the_cpu_only(tmp_path, tiny_target):
+    from specserve.engine.config import resolve_quantization
+    gguf = str(tmp_path / "m.gguf")
+    assert resolve_quantization("auto", gguf, "cpu") == ("gguf" if kernels.available() else None)
+    assert resolve_quantization("auto", gguf, "cuda:0") is None
+    assert resolve_quantization("auto", str(tiny_target), "cpu") is None  # a dense checkpoint stays dense
+    assert resolve_quantization("none", gguf, "cpu") is None and resolve_quantization(None, gguf, "cpu") is None
+    assert resolve_quantization("q8_0", str(tiny_target), "cpu") == "q8_0"
+    with pytest.raises(SpecServeError, match="unknown quantization 'q3'.*auto, none"):
+        resolve_quantization("q3", gguf, "cpu")

@@ -163,6 +163,11 @@ def short_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         raise MemoryError("attention kernel: out of memory for its scratch buffers")
 
 
+def available() -> bool:
+    """Whether the C kernels are built (or build now) and enabled."""
+    return _library() is not None
+
+
 def _inference_cpu(*tensors: torch.Tensor) -> bool:
     """CPU tensors of one supported dtype, nothing for autograd to record, and the library built."""
     dtype = tensors[0].dtype
