@@ -193,7 +193,9 @@ class Peer:
         return shlex.join([str(c) for c in prefix + self.launch])
 
 
-def configurations(found: dict, systems: list[str]) -> list[Peer]:
+def configurations(found: dict, systems: list[str], before: str | None = None) -> list[Peer]:
+    """Every configuration of the selected systems; `before`: another specserve checkout, whose plain and
+    default servers are added as before-off and before-default (the same commands on its code)."""
     from specserve.server.cli import DEFAULT_SPECULATIVE
 
     hf = str(found["hf"])
@@ -203,11 +205,22 @@ def configurations(found: dict, systems: list[str]) -> list[Peer]:
                 "--served-model-name", SERVED_NAME, "--disable-access-log", "--host", "127.0.0.1"]
         ngram = json.dumps({"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 4,
                             "prompt_lookup_min": 2, "policy": "static"})
-        peers += [Peer("specserve-off", "specserve", 0, base + ["--speculative-config", "none"]),
+        peers += [Peer("specserve-off", "specserve", 0, base + ["--speculative-config", "none"],
+                       notes="the default weights: the GGUF's own Q4_1 blocks (--quantization auto)"),
+                  Peer("specserve-bf16-off", "specserve", 0,
+                       base + ["--speculative-config", "none", "--quantization", "none"],
+                       notes="dense bf16 weights, as llamacpp-f16 reads f16"),
                   Peer("specserve-ngram4", "specserve", K, base + ["--speculative-config", ngram],
                        notes="prompt lookup, static k = 4"),
                   Peer("specserve-default", "specserve", K, base + ["--speculative-config", DEFAULT_SPECULATIVE],
                        notes="the default: prompt lookup first, shipped EAGLE drafts elsewhere, adaptive k <= 4")]
+    if "specserve" in systems and before:
+        base = [sys.executable, "-m", "specserve", "serve", "--model", MODEL_ALIAS, "--num-threads", str(THREADS),
+                "--served-model-name", SERVED_NAME, "--disable-access-log", "--host", "127.0.0.1"]
+        env = {"PYTHONPATH": str(Path(before).resolve())}
+        peers += [Peer("before-off", "specserve", 0, base + ["--speculative-config", "none"], env,
+                       notes=f"the checkout at {before}"),
+                  Peer("before-default", "specserve", 3, base, env, notes=f"its default, the checkout at {before}")]
     if "llama.cpp" in systems and found.get("llama_server"):
         base = lambda gguf: [found["llama_server"], "-m", gguf, "--alias", SERVED_NAME, "-t", THREADS,  # noqa: E731
                              "-tb", THREADS, "-c", LLAMA_CTX, "-np", LLAMA_SLOTS, "--metrics", "--host", "127.0.0.1"]
@@ -311,7 +324,7 @@ def run(args) -> Path:
     from specserve.benchmark.prompts import load_tokenizer
 
     found = find(Path(args.root))
-    peers = configurations(found, args.systems)
+    peers = configurations(found, args.systems, args.before)
     missing = set(args.systems) - {p.system for p in peers}
     if missing:
         raise SystemExit(f"not set up: {', '.join(sorted(missing))} (run: python bench/peers.py setup)")
@@ -468,7 +481,8 @@ def main() -> None:
     p.add_argument("--systems", default="specserve,llama.cpp,vllm")
     p.add_argument("--only", help="comma-separated configuration labels to run (default: all)")
     p.add_argument("--repeats", type=int, default=2, help="rounds, each configuration once per round")
-    p.add_argument("--rates", default="0.34,0.68,1.15,1.7", help="Poisson load levels, req/s")
+    p.add_argument("--rates", default="0.34,0.68,1.15,1.7", help="Poisson load levels, req/s ('none': no load runs)")
+    p.add_argument("--before", help="another specserve checkout to run as before-off and before-default")
     p.add_argument("--duration", type=float, default=60.0, help="wall seconds of arrivals per load level")
     p.add_argument("--discard-first", type=float, default=15.0, help="seconds of each load run not measured")
     p.add_argument("--burstiness", type=float, default=1.0, help="arrival-gap CV (1 = Poisson)")
@@ -482,7 +496,7 @@ def main() -> None:
     args = p.parse_args()
     args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     args.only = [s.strip() for s in args.only.split(",")] if args.only else None
-    args.rates = [float(r) for r in args.rates.split(",")]
+    args.rates = [] if args.rates == "none" else [float(r) for r in args.rates.split(",")]
     if args.dry_run:
         # light enough that a niced run on a busy machine still drains in a minute: paths, not numbers
         args.repeats, args.duration, args.discard_first = 1, 20.0, 0.0

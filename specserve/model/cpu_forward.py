@@ -17,6 +17,7 @@ import torch
 from specserve.model import kernels
 from specserve.model.cpu_linear import SMALL_ROWS, KernelLinear
 
+
 def can_run(model, x: torch.Tensor, kv_cache: torch.Tensor, meta) -> bool:
     """All of a step's tokens in the attention kernel, every projection a KernelLinear (gate/up
     interleaved) that takes this many rows itself, CPU tensors of one kernel dtype, nothing for
