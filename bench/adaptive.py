@@ -1,6 +1,7 @@
 """Load-adaptive speculation against fixed choices: every speculation policy on one engine, under the shipped
-Azure conversation trace's arrivals time-scaled to load levels from ~10 % to ~90 % of plain decoding's
-saturation rate, on code (python-stdlib prefixes, the code draft) and chat (Spec-Bench, the chat draft).
+Azure conversation trace's arrivals (each run's window of it stretched to the level's mean rate) at load
+levels from ~10 % to ~90 % of plain decoding's saturation rate, on code (python-stdlib prefixes, the code
+draft) and chat (Spec-Bench, the chat draft).
 
     python bench/adaptive.py [--workloads code,chat] [--temperatures 0] [--repeats 3] [--requests 12]
     python bench/adaptive.py --analyze bench/results/adaptive/<run>      # tables, goals and plots again
@@ -73,9 +74,13 @@ def prompts_and_arrivals(llm, workload: str, rate: float | None, n: int, seed: i
     dataset, _, input_len, output_len = WORKLOADS[workload]
     trace = arr.load_trace("azure-conv")
     start = float(trace.times_s[0]) + 60.0 * (seed % 50)  # another stretch of the trace in each repeat
-    scale = 1.0 if rate is None else trace.mean_rate / rate
-    times = arr.window(trace, start, max_requests=n, time_scale=scale).times_s
-    times = np.zeros(n) if rate is None else times - times[0]
+    times = arr.window(trace, start, max_requests=n).times_s
+    if rate is None:
+        times = np.zeros(n)
+    else:  # the window's own gaps (its burstiness), stretched so that it arrives at `rate` on average: a
+        # short window of a bursty trace can otherwise run at a fraction or a multiple of the level's rate
+        times = times - times[0]
+        times = times * ((n - 1) / rate) / times[-1] if times[-1] > 0 else np.arange(n) / rate
     if input_len is None:
         questions = load_dataset(dataset)
         picks = np.random.default_rng(seed).integers(0, len(questions), n)

@@ -10,7 +10,7 @@ until twice that many have completed (a slow machine needs longer); overload,
 arrivals at --factor x that rate (Poisson) for --duration-s, each a streamed completion of --max-tokens
 tokens (ignore_eos, so "all its tokens" is exact); a lone request's latency again. /health is probed every
 100 ms from a separate process (so the load generator's own event loop does not inflate it), and the
-server's RSS is sampled every 0.5 s from /proc.
+server's RSS (with its engine process) is sampled every 0.5 s from /proc.
 
     python bench/stress.py [--model smollm2-135m] [--max-num-seqs 8] [--max-queue 4] [--duration-s 60]
                            [--factor 3] [--max-tokens 64] [--server-args '--num-threads 2'] [--name NAME]
@@ -72,13 +72,32 @@ def start_server(args, log_path: Path) -> tuple[subprocess.Popen, str]:
 
 
 def rss_bytes(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+    """RSS of the server and its descendants (the engine runs in a child process)."""
+    total = 0
+    for p in [pid, *descendants(pid)]:
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+        except OSError:
+            pass
+    return total
+
+
+def descendants(pid: int) -> list[int]:
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            parents[int(stat.parent.name)] = int(fields[1])
+        except (OSError, IndexError, ValueError):
+            pass
+    out, frontier = [], [pid]
+    while frontier:
+        children = [c for c, ppid in parents.items() if ppid in frontier]
+        out += children
+        frontier = children
+    return out
 
 
 def health_probe(root: str, interval: float, stop, out) -> None:
