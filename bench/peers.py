@@ -200,9 +200,10 @@ def configurations(found: dict, systems: list[str], before: str | None = None) -
 
     hf = str(found["hf"])
     peers: list[Peer] = []
+    ours = [sys.executable, "-m", "specserve", "serve", "--model", MODEL_ALIAS, "--num-threads", str(THREADS),
+            "--served-model-name", SERVED_NAME, "--disable-access-log", "--host", "127.0.0.1"]
     if "specserve" in systems:
-        base = [sys.executable, "-m", "specserve", "serve", "--model", MODEL_ALIAS, "--num-threads", str(THREADS),
-                "--served-model-name", SERVED_NAME, "--disable-access-log", "--host", "127.0.0.1"]
+        base = ours
         ngram = json.dumps({"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 4,
                             "prompt_lookup_min": 2, "policy": "static"})
         peers += [Peer("specserve-off", "specserve", 0, base + ["--speculative-config", "none"],
@@ -214,13 +215,11 @@ def configurations(found: dict, systems: list[str], before: str | None = None) -
                        notes="prompt lookup, static k = 4"),
                   Peer("specserve-default", "specserve", K, base + ["--speculative-config", DEFAULT_SPECULATIVE],
                        notes="the default: prompt lookup first, shipped EAGLE drafts elsewhere, adaptive k <= 4")]
-    if "specserve" in systems and before:
-        base = [sys.executable, "-m", "specserve", "serve", "--model", MODEL_ALIAS, "--num-threads", str(THREADS),
-                "--served-model-name", SERVED_NAME, "--disable-access-log", "--host", "127.0.0.1"]
+    if "specserve" in systems and before:  # the same commands on another checkout's code
         env = {"PYTHONPATH": str(Path(before).resolve())}
-        peers += [Peer("before-off", "specserve", 0, base + ["--speculative-config", "none"], env,
+        peers += [Peer("before-off", "specserve", 0, ours + ["--speculative-config", "none"], env,
                        notes=f"the checkout at {before}"),
-                  Peer("before-default", "specserve", 3, base, env, notes=f"its default, the checkout at {before}")]
+                  Peer("before-default", "specserve", 3, ours, env, notes=f"its default, the checkout at {before}")]
     if "llama.cpp" in systems and found.get("llama_server"):
         base = lambda gguf: [found["llama_server"], "-m", gguf, "--alias", SERVED_NAME, "-t", THREADS,  # noqa: E731
                              "-tb", THREADS, "-c", LLAMA_CTX, "-np", LLAMA_SLOTS, "--metrics", "--host", "127.0.0.1"]
