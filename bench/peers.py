@@ -290,7 +290,8 @@ async def measure(peer: Peer, work: list[Workload], args, out: Path, round_: int
         cold = time.monotonic() - started
         say(f"{peer.label}: ready after {cold:.1f} s")
         rng = random.Random(f"{args.seed}-{round_}-{peer.label}")
-        order = work[:3] + rng.sample(work[3:], len(work) - 3)   # load levels in a shuffled order
+        load = [] if peer.label in (args.no_load or ()) else rng.sample(work[3:], len(work) - 3)
+        order = work[:3] + load   # load levels in a shuffled order
         for w in order:
             spec = WorkloadSpec(seed=args.seed, **w.spec)
             opts = RunOptions(warmup_requests=2, discard_first_s=w.discard_first, ignore_eos=w.ignore_eos,
@@ -479,6 +480,7 @@ def main() -> None:
     p.add_argument("--root", default=str(ROOT), help="where the peers are built and installed")
     p.add_argument("--systems", default="specserve,llama.cpp,vllm")
     p.add_argument("--only", help="comma-separated configuration labels to run (default: all)")
+    p.add_argument("--no-load", help="comma-separated configuration labels measured at batch 1 and saturation only")
     p.add_argument("--repeats", type=int, default=2, help="rounds, each configuration once per round")
     p.add_argument("--rates", default="0.34,0.68,1.15,1.7", help="Poisson load levels, req/s ('none': no load runs)")
     p.add_argument("--before", help="another specserve checkout to run as before-off and before-default")
@@ -495,6 +497,7 @@ def main() -> None:
     args = p.parse_args()
     args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     args.only = [s.strip() for s in args.only.split(",")] if args.only else None
+    args.no_load = [s.strip() for s in args.no_load.split(",")] if args.no_load else None
     args.rates = [] if args.rates == "none" else [float(r) for r in args.rates.split(",")]
     if args.dry_run:
         # light enough that a niced run on a busy machine still drains in a minute: paths, not numbers

@@ -2,11 +2,15 @@
 import os
 
 # OpenMP threads that spin while they wait collapse as soon as another process wants one of their cores:
-# the spinning thread burns its time slice and every parallel region then waits for a descheduled
-# peer. Sleeping waiters are woken promptly instead (bench/contention.py measures both). It must be set
-# before torch loads its OpenMP runtime, so here, on the first import of specserve; an explicit
-# OMP_WAIT_POLICY wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# the spinning thread burns its time slice and every parallel region then waits for a descheduled peer.
+# Threads that sleep at once (OMP_WAIT_POLICY=PASSIVE) pay a wake-up at each of the ~250 parallel regions
+# of a decode step instead (+20 % per token on an idle machine). A very short spin, then sleep, keeps the
+# best of both: a step's next region starts within those few microseconds, and a contended core is given
+# up almost at once (bench/contention.py --wait-policies measures the choices). It must be set before torch
+# loads its OpenMP runtime, so here, on the first import of specserve; an explicit OMP_WAIT_POLICY or
+# GOMP_SPINCOUNT wins.
+if "OMP_WAIT_POLICY" not in os.environ:
+    os.environ.setdefault("GOMP_SPINCOUNT", "300")
 __version__ = "0.1.0"
 __all__ = ["LLM", "SamplingParams"]
 
