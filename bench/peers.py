@@ -404,8 +404,11 @@ def _fit(out: Path, system: str) -> str:
     note = f"left out, no speculation stats: {', '.join(dropped)}\n" if dropped else ""
     if proc.returncode:
         return note + f"fit failed: {(proc.stderr or proc.stdout).strip().splitlines()[-1]}"
-    keep = [line for line in proc.stdout.splitlines() if "MAPE" in line or "excluded" in line.lower()]
-    return note + ("\n".join(keep[:12]) or proc.stdout.strip()[-800:])
+    # the markdown's section titles, "all held-out points" rows and goal lines (the terminal tables are wide)
+    text = md.read_text() if md.is_file() else proc.stdout
+    keep = [line for line in text.splitlines() if line.startswith(("**", "goal:", "| all held-out"))
+            or "excluded" in line.lower()]
+    return note + ("\n".join(keep) or proc.stdout.strip()[-800:])
 
 
 def report(out: Path) -> Path:
