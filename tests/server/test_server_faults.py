@@ -202,8 +202,10 @@ def test_tokenizer_encode_releases_the_gil(tiny_target):
 # ---- client faults: a disconnect frees the request's KV within one step --------------------------------------
 
 def test_a_closed_stream_frees_its_kv_within_one_step(engine):
-    steps = []
-    engine.step_listeners.append(lambda stats: steps.append(stats))
+    # Recorded on the engine's thread after each step, before it takes commands: was the request still there?
+    # (Counting steps from the asyncio side instead races the engine thread on a busy machine.)
+    still_there = []
+    engine.step_listeners.append(lambda stats: still_there.append("gone" in engine.engine.requests))
 
     async def main():
         other = asyncio.create_task(collect(engine, "keeps going", SamplingParams(max_tokens=300, temperature=0,
@@ -213,18 +215,18 @@ def test_a_closed_stream_frees_its_kv_within_one_step(engine):
             await gen.__anext__()
         seq = engine.engine.requests["gone"]
         held = list(seq.block_table)
-        await gen.aclose()  # what the server does when the client disconnects
-        closed_at = len(steps)
+        await gen.aclose()  # what the server does when the client disconnects: the abort is queued
+        closed_at = len(still_there)
         while "gone" in engine.engine.requests:
             await asyncio.sleep(0.001)
-        freed_at = len(steps)
         table_after = list(seq.block_table)
         await asyncio.wait_for(other, TIMEOUT)
-        return closed_at, freed_at, held, table_after
+        return closed_at, held, table_after
 
-    closed_at, freed_at, held, table_after = asyncio.run(main())
-    # the abort is taken up as soon as the step in progress when the client left has finished
-    assert freed_at - closed_at <= 1, (closed_at, freed_at)
+    closed_at, held, table_after = asyncio.run(main())
+    # only the step in progress when the client left may still carry it; the loop takes the abort right after
+    assert sum(still_there[closed_at:]) <= 1, still_there
+    assert len(still_there) > closed_at + 5  # the other request kept stepping afterwards
     assert held and table_after == []  # its blocks went back to the free list
 
 
