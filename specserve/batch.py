@@ -59,6 +59,7 @@ class BatchView:
     kv_free_slots: int   # free KV cache slots after each decode's own token
     num_waiting: int     # requests not yet admitted
     pending_prefill: int = 0  # prompt tokens waiting to be prefilled, up to the token budget
+    num_prefilling: int = 0   # admitted requests whose prompt is still being prefilled
 
     @property
     def context_tokens(self) -> int:

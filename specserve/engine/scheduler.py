@@ -116,12 +116,14 @@ class Scheduler:
                     for s in decodes]
         free = self.blocks.num_free * self.blocks.block_size + sum(
             len(s.seq.block_table) * self.blocks.block_size - s.seq.num_computed - 1 for s in decodes)
+        prefilling = [s for s in self.running if s.in_prefill]
         pending = 0
-        for seq in itertools.chain((s for s in self.running if s.in_prefill), self.waiting):
+        for seq in itertools.chain(prefilling, self.waiting):
             if pending >= budget:
                 break
             pending += len(seq.token_ids) - seq.num_computed
-        return BatchView(requests, self.max_drafts, budget, free, len(self.waiting), min(pending, budget))
+        return BatchView(requests, self.max_drafts, budget, free, len(self.waiting), min(pending, budget),
+                         len(prefilling))
 
     def tokens_left(self, seq: Sequence) -> int:
         return min(seq.params.max_tokens - seq.num_output_tokens, self.max_model_len - len(seq.token_ids))

@@ -70,8 +70,13 @@ class AcceptanceModel:
 
     # ---- predictions -------------------------------------------------------------------------------
     def position_acceptance(self, draft: str | None) -> np.ndarray:
-        """[K] measured acceptance of each draft position (before the token is drafted)."""
-        counts = self.position_counts.get(draft)
+        """[K] measured acceptance of each draft position (before the token is drafted). A request no
+        proposer has served yet (draft None) gets every draft's counts pooled, position by position: a
+        flat global rate would promise its sixth token as much as its first."""
+        if draft is None and self.position_counts:
+            counts = sum(self.position_counts.values())
+        else:
+            counts = self.position_counts.get(draft)
         if counts is None:
             return np.full(self.max_positions, self.global_acceptance(draft))
         return (counts[0] + DEFAULT_ACCEPTANCE * PRIOR_WEIGHT) / (counts[1] + PRIOR_WEIGHT)

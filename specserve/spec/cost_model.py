@@ -55,6 +55,7 @@ class LinearCost:
         self.w = np.asarray(weights, dtype=float)
         self.P = np.eye(len(self.w)) * prior  # how far the weights may move per unit of error (s^-2 scale)
         self.forgetting = forgetting
+        self.max_var = np.diag(self.P).copy()  # no weight is ever less certain than at the start
 
     @classmethod
     def fit(cls, f: np.ndarray, y: np.ndarray, ridge: float = 1e-6) -> "LinearCost":
@@ -62,6 +63,7 @@ class LinearCost:
         w = np.linalg.solve(a, f.T @ y)
         model = cls(w)
         model.P = np.linalg.inv(a)  # the profile's information: weights it pinned down move little
+        model.max_var = np.diag(model.P).copy()
         return model
 
     def predict(self, f: np.ndarray) -> np.ndarray:
@@ -73,6 +75,12 @@ class LinearCost:
         gain = pf / (self.forgetting + f @ pf)
         self.w = self.w + gain * (y - f @ self.w)
         self.P = (self.P - np.outer(gain, pf)) / self.forgetting
+        # Forgetting inflates P along directions the steps never excite (row counts the load does not
+        # produce): unbounded, one later step there would swing those weights anywhere, even to a cost
+        # that falls with more rows. Each weight's variance stays at most what the profile left it
+        # (P scaled as D P D, which keeps it positive definite).
+        d = np.sqrt(np.minimum(1.0, self.max_var / np.maximum(np.diag(self.P), 1e-300)))
+        self.P *= np.outer(d, d)
 
 
 @dataclass
@@ -85,6 +93,11 @@ class StepCostModel:
 
     def verify_time(self, rows, kv_tokens) -> np.ndarray:
         return self.verify.predict(features(rows, kv_tokens))
+
+    def verify_curve(self, rows: np.ndarray, kv_tokens) -> np.ndarray:
+        """verify_time over increasing `rows`, made non-decreasing: a step never gets cheaper with more
+        rows, and a policy must not be able to exploit a fit that says otherwise."""
+        return np.maximum.accumulate(self.verify_time(rows, kv_tokens))
 
     def draft_time(self, draft: str | None, rows, kv_tokens) -> np.ndarray:
         """Seconds of one draft forward over `rows` rows (0 for prompt lookup, which runs no model)."""

@@ -2,6 +2,15 @@
 
 Request i drafting l_i tokens commits 1 + Σ_{j ≤ l_i} c_ij tokens in expectation, c_ij = a_i1 ··· a_ij the
 probability that its first j drafts all survive. The step takes T = T_verify(rows) + Σ draft forwards.
+Two corrections make this the right trade under load (the TPOT check keeps the whole T):
+- a prefill chunk riding in the step is not the decodes' cost: they are charged T_0 − S for plain
+  decoding, S the chunk's share (T_verify with it minus without it), so a second-long prefill does not
+  make drafts look free;
+- every second drafting adds to the step delays each request in the system, the m waiting or
+  prefilling as well as the n decodes, while the tokens it buys are the decodes' alone: the added time
+  is charged w = (n + m) / n times. Without a queue (w = 1) this is plain goodput; as a queue builds,
+  drafting must buy w times more to be worth it, and stops first where it buys least.
+So the charged time is T_0 − S + w (T − T_0), T_0 the step without drafts.
 Adding the slot (i, j) is worth c_ij tokens; slots are added in order of falling survival (which keeps
 each request's slots a prefix: c_ij falls with j), and the best prefix of that order is the allocation.
 All prefixes are evaluated at once with numpy, so a plan costs tens of microseconds at 64 requests.
@@ -19,13 +28,15 @@ class StepCosts:
     verify: np.ndarray              # [max rows + 1] seconds of the target forward with n rows
     draft: dict[str, np.ndarray]    # per draft: [max rows + 1] seconds of one draft forward with r rows
     base_rows: int                  # rows the target runs whatever is drafted (decodes' own + prefill)
+    shared: float = 0.0             # S: seconds of the step a prefill chunk in it costs (not the decodes')
+    weight: float = 1.0             # w: requests each added second delays, per decode ((n + m) / n)
 
 
 @dataclass(slots=True)
 class Allocation:
     lengths: list[int]
     tokens: float        # expected committed tokens A
-    seconds: float       # predicted step time T
+    seconds: float       # predicted step time charged to the decodes, T_0 − S + w (T − T_0)
     plain_tokens: float  # the same for no drafting at all
     plain_seconds: float
 
@@ -60,9 +71,10 @@ def allocate(c: np.ndarray, drafts: list[str | None], limits: list[int], costs: 
     req, pos, value = req[order], pos[order], value[order]
     tokens = b + np.concatenate([[0.0], np.cumsum(value)])
     rows = np.minimum(costs.base_rows + np.arange(len(value) + 1), len(costs.verify) - 1)
-    seconds = costs.verify[rows].copy()
+    step = costs.verify[rows].copy()  # T of each prefix
     if not spent_draft and len(value):
-        seconds[1:] += np.cumsum(_draft_increments(req, pos, drafts, k, costs))
+        step[1:] += np.cumsum(_draft_increments(req, pos, drafts, k, costs))
+    seconds = _charged(step, costs)
     score = tokens / seconds
     bound = [i for i, slo in enumerate(tpot_slos or []) if slo]
     if bound:
@@ -70,7 +82,7 @@ def allocate(c: np.ndarray, drafts: list[str | None], limits: list[int], costs: 
         mine = (req[None, :] == np.array(bound)[:, None]) * value[None, :]
         own = 1 + np.concatenate([np.zeros((len(bound), 1)), np.cumsum(mine, axis=1)], axis=1)
         slos = np.array([tpot_slos[i] for i in bound])[:, None]
-        violation = (seconds[None, :] / (own * slos)).max(axis=0)  # <= 1: every objective met
+        violation = (step[None, :] / (own * slos)).max(axis=0)  # <= 1: every objective met
         feasible = violation <= 1
         score = np.where(feasible, score, -violation) if feasible.any() else -violation
     best = int(np.argmax(score))  # first maximum: the shortest of equally good prefixes
@@ -88,10 +100,18 @@ def evaluate(c: np.ndarray, lengths: list[int], drafts: list[str | None], costs:
     pos = np.concatenate([np.arange(n) for n in lengths]) if req.size else req
     tokens = b + float(c[req, pos].sum()) if req.size else float(b)
     rows = min(costs.base_rows + int(sum(lengths)), len(costs.verify) - 1)
-    seconds = float(costs.verify[rows])
+    step = float(costs.verify[rows])
     if not spent_draft and req.size:
-        seconds += float(_draft_increments(req, pos, drafts, k, costs).sum())
-    return Allocation(lengths, tokens, seconds, float(b), float(costs.verify[min(costs.base_rows, len(costs.verify) - 1)]))
+        step += float(_draft_increments(req, pos, drafts, k, costs).sum())
+    plain = float(costs.verify[min(costs.base_rows, len(costs.verify) - 1)])
+    return Allocation(lengths, tokens, float(_charged(np.array([step]), costs)[0]), float(b),
+                      float(_charged(np.array([plain]), costs)[0]))
+
+
+def _charged(step: np.ndarray, costs: StepCosts) -> np.ndarray:
+    """The decodes' charge for steps of T seconds: T_0 − S + w (T − T_0)."""
+    t0 = float(costs.verify[min(costs.base_rows, len(costs.verify) - 1)])
+    return np.maximum(t0 - costs.shared + costs.weight * (step - t0), 1e-9)
 
 
 def _draft_increments(req, pos, drafts, k, costs) -> np.ndarray:

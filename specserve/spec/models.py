@@ -44,11 +44,16 @@ class SpeculationModels:
         n = len(batch)
         base = n + batch.pending_prefill
         rows = np.arange(base + n * batch.max_drafts + 1)
-        verify = cost.verify_time(rows, batch.context_tokens + rows - base)
+        verify = cost.verify_curve(rows, batch.context_tokens + rows - base)
         mean_context = batch.context_tokens / max(n, 1)
         draft_rows = np.arange(n + 1)
-        drafts = {name: cost.draft_time(name, draft_rows, draft_rows * mean_context) for name in cost.drafts}
-        return StepCosts(verify, drafts, base)
+        drafts = {name: np.maximum.accumulate(cost.draft_time(name, draft_rows, draft_rows * mean_context))
+                  for name in cost.drafts}
+        shared = 0.0
+        if batch.pending_prefill and n:  # the prefill chunk's share: the step with it minus the decodes alone
+            shared = max(0.0, float(verify[base]) - max(float(cost.verify_time(n, batch.context_tokens)[0]), 1e-6))
+        weight = (n + batch.num_waiting + batch.num_prefilling) / max(n, 1)  # docs/design.md §3.1
+        return StepCosts(verify, drafts, base, shared, weight)
 
     def observe(self, feedback: StepFeedback) -> float | None:
         """Learn from a step; returns the step time (draft + forward) the cost model had predicted for it."""

@@ -45,6 +45,9 @@ def test_positions_drafts_and_requests_have_their_own_statistics():
     assert model.predict("lucky", "chat")[0] > model.predict("new", "chat")[0]
     model.forget("lucky")
     assert model.request_factor("lucky", "chat") == 1.0
+    # a request not served by any proposer yet: every draft's counts pooled per position, not one flat rate
+    unassigned = model.position_acceptance(None)
+    assert lookup[0] > unassigned[0] > chat[0] and unassigned[-1] < unassigned[0] - 0.1
 
 
 def test_an_unseen_draft_trusts_its_confidences():

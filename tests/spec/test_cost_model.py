@@ -41,6 +41,28 @@ def test_recursive_least_squares_follows_a_machine_that_slows_down():
     assert 0.02 < model.relative_error < 0.15  # the running error settles near the noise
 
 
+def test_steps_at_a_few_row_counts_do_not_wind_up_the_rest_of_the_curve():
+    """Under steady load the steps carry a few row counts only (here 2 to 6 decodes, noisy, varying KV),
+    then a few speculative steps carry 17 to 31 rows. Forgetting must not have wound up the knots the
+    load left alone, or those few noisy steps swing them anywhere: the curve stays near the truth and a
+    policy's view of it never gets cheaper with more rows."""
+    rng = np.random.default_rng(2)
+    rows = np.r_[KNOTS[KNOTS <= 256], rng.integers(1, 257, 40)]
+    kv = rng.integers(100, 5000, len(rows))
+    model = StepCostModel(_fit(np.c_[rows, kv, truth(rows, kv)].tolist()), {})
+    for _ in range(3000):
+        r, k = int(rng.integers(2, 7)), int(rng.integers(100, 3000))
+        model.observe(r, k, truth(r, k) * (1 + 0.15 * rng.standard_normal()), [], 0.0)
+    for _ in range(10):
+        r, k = int(rng.integers(17, 32)), int(rng.integers(100, 3000))
+        model.observe(r, k, truth(r, k) * (1 + 0.15 * rng.standard_normal()), [], 0.0)
+    assert np.all(np.diag(model.verify.P) <= model.verify.max_var * (1 + 1e-9))  # not wound up
+    grid = np.arange(1, 129)
+    error = np.abs(model.verify_time(grid, 2000) - truth(grid, 2000)) / truth(grid, 2000)
+    assert np.max(error) < 0.25, np.max(error)
+    assert np.all(np.diff(model.verify_curve(grid, 2000 + grid)) >= 0)
+
+
 def test_linear_cost_update_is_exact_on_consistent_data():
     cost = LinearCost(np.zeros(3), forgetting=1.0, prior=1e4)
     rng = np.random.default_rng(2)

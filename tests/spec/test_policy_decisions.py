@@ -25,10 +25,10 @@ MEMORY_BOUND = cost_model(lambda n: 0.020 + 0.0001 * max(n - 16, 0), lambda r: 0
 COMPUTE_BOUND = cost_model(lambda n: 0.002 + 0.001 * n, lambda r: 0.0005 + 0.0001 * r)  # every row costs
 
 
-def batch(n, tokens_left=100, slo=None, ids=None) -> BatchView:
+def batch(n, tokens_left=100, slo=None, ids=None, prefill=0) -> BatchView:
     ids = ids or [f"r{i}" for i in range(n)]
     return BatchView([RequestView(i, 200, tokens_left, SpecStats(), "d", True, slo) for i in ids], K, 512,
-                     10_000, 0)
+                     10_000, 1 if prefill else 0, prefill)
 
 
 def policy(name, cost, accepted=None, **options):
@@ -43,6 +43,38 @@ def policy(name, cost, accepted=None, **options):
 def test_high_load_adaptive_drafts_nothing():
     p = policy("adaptive", COMPUTE_BOUND)
     assert p.plan(batch(64)) == [0] * 64
+
+
+def thirty_percent(p):
+    """A draft history whose first token is accepted 30 % of the time, the rest never."""
+    for i in range(200):
+        p.models.acceptance.observe(DraftOutcome("old", "d", K, int(i % 10 < 3), None))
+    return p
+
+
+def test_a_prefill_chunk_in_the_step_does_not_make_drafting_look_free():
+    """Beside a 256-token prefill chunk (half a second here) two decodes' drafts add little to the step,
+    but each drafted token still costs a row: at 30 % acceptance more than a decode-only step spends per
+    token. So adaptive drafts nothing, as without the chunk; SmartSpec's rule, charging the decodes the
+    whole step, drafts. With every draft accepted, adaptive drafts either way."""
+    cost = cost_model(lambda n: 0.010 + 0.002 * n, lambda r: 0.0005)
+    p = thirty_percent(policy("adaptive", cost))
+    assert p.plan(batch(2, prefill=256)) == p.plan(batch(2)) == [0, 0]
+    assert thirty_percent(policy("goodput", cost)).plan(batch(2, prefill=256)) != [0, 0]
+    p = policy("adaptive", cost, accepted=(4, 200))
+    assert p.plan(batch(2, prefill=256)) != [0, 0] and p.plan(batch(2)) != [0, 0]
+
+
+def test_a_queue_makes_adaptive_draft_less():
+    """Every second a draft adds delays the waiting requests too: the same decodes draft shorter as the
+    queue grows, and not at all once it is long."""
+    p = policy("adaptive", cost_model(lambda n: 0.010 + 0.002 * n, lambda r: 0.0005), accepted=(3, 200))
+    lengths = []
+    for waiting in (0, 2, 8, 64):
+        view = batch(2)
+        view = BatchView(view.requests, K, 512, 10_000, waiting)
+        lengths.append(sum(p.plan(view)))
+    assert lengths[0] > 0 and lengths == sorted(lengths, reverse=True) and lengths[-1] == 0, lengths
 
 
 def test_light_load_and_high_acceptance_adaptive_drafts_long():
