@@ -49,38 +49,40 @@ def features(rows, kv_tokens) -> np.ndarray:
 
 
 class LinearCost:
-    """y = f · w, fitted by least squares on a profile, then by recursive least squares with forgetting."""
+    """y = f · w, fitted by least squares on a profile, then refitted after every observation by
+    exponentially weighted least squares anchored to that profile:
 
-    def __init__(self, weights: np.ndarray, forgetting: float = 0.995, prior: float = 1.0):
+        w = argmin  Σ_t λ^(age t) (f_t · w − y_t)²  +  (w − w0)ᵀ R (w − w0)
+
+    R is the profile's information (its FᵀF; `prior` ⁻¹ I without a profile), w0 its weights. Recent steps
+    decide the weights along the directions they excite; the profile keeps the rest where it measured
+    them. (Recursive least squares with forgetting computes the same thing through a covariance that
+    grows without bound along directions no step excites, and diverged after a few thousand steps of a
+    steady load: docs/experiments/wave2-measurements.md.) A d x d solve per step, d = 15."""
+
+    def __init__(self, weights: np.ndarray, forgetting: float = 0.995, prior: float = 1.0,
+                 information: np.ndarray | None = None):
         self.w = np.asarray(weights, dtype=float)
-        self.P = np.eye(len(self.w)) * prior  # how far the weights may move per unit of error (s^-2 scale)
+        self.w0 = self.w.copy()
+        d = len(self.w)
+        self.R = np.eye(d) / prior if information is None else information
         self.forgetting = forgetting
-        self.max_var = np.diag(self.P).copy()  # no weight is ever less certain than at the start
+        self.A = np.zeros((d, d))  # Σ λ^age f fᵀ of the observed steps
+        self.b = np.zeros(d)       # Σ λ^age f y
 
     @classmethod
     def fit(cls, f: np.ndarray, y: np.ndarray, ridge: float = 1e-6) -> "LinearCost":
         a = f.T @ f + ridge * np.eye(f.shape[1])
-        w = np.linalg.solve(a, f.T @ y)
-        model = cls(w)
-        model.P = np.linalg.inv(a)  # the profile's information: weights it pinned down move little
-        model.max_var = np.diag(model.P).copy()
-        return model
+        return cls(np.linalg.solve(a, f.T @ y), information=a)
 
     def predict(self, f: np.ndarray) -> np.ndarray:
         return f @ self.w
 
     def update(self, f: np.ndarray, y: float) -> None:
-        """One RLS step on one observation (f [d], y)."""
-        pf = self.P @ f
-        gain = pf / (self.forgetting + f @ pf)
-        self.w = self.w + gain * (y - f @ self.w)
-        self.P = (self.P - np.outer(gain, pf)) / self.forgetting
-        # Forgetting inflates P along directions the steps never excite (row counts the load does not
-        # produce): unbounded, one later step there would swing those weights anywhere, even to a cost
-        # that falls with more rows. Each weight's variance stays at most what the profile left it
-        # (P scaled as D P D, which keeps it positive definite).
-        d = np.sqrt(np.minimum(1.0, self.max_var / np.maximum(np.diag(self.P), 1e-300)))
-        self.P *= np.outer(d, d)
+        """Learn from one observation (f [d], y)."""
+        self.A = self.forgetting * self.A + np.outer(f, f)
+        self.b = self.forgetting * self.b + f * y
+        self.w = np.linalg.solve(self.A + self.R, self.b + self.R @ self.w0)
 
 
 @dataclass

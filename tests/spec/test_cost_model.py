@@ -41,25 +41,27 @@ def test_recursive_least_squares_follows_a_machine_that_slows_down():
     assert 0.02 < model.relative_error < 0.15  # the running error settles near the noise
 
 
-def test_steps_at_a_few_row_counts_do_not_wind_up_the_rest_of_the_curve():
-    """Under steady load the steps carry a few row counts only (here 2 to 6 decodes, noisy, varying KV),
-    then a few speculative steps carry 17 to 31 rows. Forgetting must not have wound up the knots the
-    load left alone, or those few noisy steps swing them anywhere: the curve stays near the truth and a
-    policy's view of it never gets cheaper with more rows."""
-    rng = np.random.default_rng(2)
-    rows = np.r_[KNOTS[KNOTS <= 256], rng.integers(1, 257, 40)]
-    kv = rng.integers(100, 5000, len(rows))
-    model = StepCostModel(_fit(np.c_[rows, kv, truth(rows, kv)].tolist()), {})
-    for _ in range(3000):
-        r, k = int(rng.integers(2, 7)), int(rng.integers(100, 3000))
-        model.observe(r, k, truth(r, k) * (1 + 0.15 * rng.standard_normal()), [], 0.0)
-    for _ in range(10):
-        r, k = int(rng.integers(17, 32)), int(rng.integers(100, 3000))
-        model.observe(r, k, truth(r, k) * (1 + 0.15 * rng.standard_normal()), [], 0.0)
-    assert np.all(np.diag(model.verify.P) <= model.verify.max_var * (1 + 1e-9))  # not wound up
+def test_a_long_steady_load_does_not_make_the_online_fit_diverge():
+    """A long stream of steps at the few row counts a steady load produces (mostly 1-12 rows, some
+    prefill chunks), 20 % noise, the machine 30 % slower every other 2000 steps. Recursive least squares
+    with forgetting wound up the knots this stream leaves alone and diverged (relative error 10^5 by
+    step 8000, 10^64 by 20000, on exactly this stream); the refit stays near the noise, and the curve a
+    policy reads never gets cheaper with more rows."""
+    rng = np.random.default_rng(0)
+    slow = lambda r, kv: 0.025 + 0.004 * np.maximum(np.asarray(r, float) - 2, 0) + 0.005 * np.asarray(kv) / 1000  # noqa: E731
+    knots = [r for r in KNOTS if r <= 512]
+    samples = [[r, 129 * r if r <= 32 else 4128, 0.0] for r in knots] + [[1, 1024, 0.0], [32, 32768, 0.0]]
+    for row in samples:
+        row[2] = float(slow(row[0], row[1])) * (1 + 0.3 * abs(rng.standard_normal()))
+    model = StepCostModel(_fit(samples), {})
+    errors = []
+    for i in range(20000):
+        r = int(rng.choice([1, 2, 3, 4, 5, 6, 8, 12, 260, 300, 512], p=[.2, .2, .15, .15, .1, .05, .05, .04, .02, .02, .02]))
+        k = int(rng.integers(100, 3000)) + (r if r < 100 else 0)
+        model.observe(r, k, float(slow(r, k)) * (1 + 0.2 * rng.standard_normal()) * (1.3 if (i // 2000) % 2 else 1), [], 0.0)
+        errors.append(model.relative_error)
+    assert max(errors[1000:]) < 0.6, max(errors[1000:])  # the noise, and the lag after each 30 % jump
     grid = np.arange(1, 129)
-    error = np.abs(model.verify_time(grid, 2000) - truth(grid, 2000)) / truth(grid, 2000)
-    assert np.max(error) < 0.25, np.max(error)
     assert np.all(np.diff(model.verify_curve(grid, 2000 + grid)) >= 0)
 
 
