@@ -5,8 +5,8 @@ Both are linear in their parameters: a piecewise-linear curve in the row count (
 log-spaced knots, so the weight of a knot is the time at that many rows: flat while weights are read once
 for all rows, rising once arithmetic dominates) plus a term in the KV tokens the step's attention reads.
 A short profile at startup fixes the curve (least squares; cached per model pair, device, dtype and
-threads), then recursive least squares with forgetting follows the machine from every step's measured
-phase times. Its running error is exported (`relative_error`).
+threads), then an exponentially weighted least-squares refit anchored to the profile follows the machine from
+every step's measured phase times. Its running error is exported (`relative_error`).
 """
 from __future__ import annotations
 
