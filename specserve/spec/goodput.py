@@ -103,14 +103,18 @@ def evaluate(c: np.ndarray, lengths: list[int], drafts: list[str | None], costs:
     step = float(costs.verify[rows])
     if not spent_draft and req.size:
         step += float(_draft_increments(req, pos, drafts, k, costs).sum())
-    plain = float(costs.verify[min(costs.base_rows, len(costs.verify) - 1)])
     return Allocation(lengths, tokens, float(_charged(np.array([step]), costs)[0]), float(b),
-                      float(_charged(np.array([plain]), costs)[0]))
+                      float(_charged(np.array([_plain_step(costs)]), costs)[0]))
+
+
+def _plain_step(costs: StepCosts) -> float:
+    """T_0: the step without drafts."""
+    return float(costs.verify[min(costs.base_rows, len(costs.verify) - 1)])
 
 
 def _charged(step: np.ndarray, costs: StepCosts) -> np.ndarray:
     """The decodes' charge for steps of T seconds: T_0 − S + w (T − T_0)."""
-    t0 = float(costs.verify[min(costs.base_rows, len(costs.verify) - 1)])
+    t0 = _plain_step(costs)
     return np.maximum(t0 - costs.shared + costs.weight * (step - t0), 1e-9)
 
 

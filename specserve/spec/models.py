@@ -51,7 +51,7 @@ class SpeculationModels:
                   for name in cost.drafts}
         shared = 0.0
         if batch.pending_prefill and n:  # the prefill chunk's share: the step with it minus the decodes alone
-            shared = max(0.0, float(verify[base]) - max(float(cost.verify_time(n, batch.context_tokens)[0]), 1e-6))
+            shared = max(0.0, float(verify[base] - cost.verify_time(n, batch.context_tokens)[0]))
         weight = (n + batch.num_waiting + batch.num_prefilling) / max(n, 1)  # docs/design.md §3.1
         return StepCosts(verify, drafts, base, shared, weight)
 
