@@ -25,7 +25,7 @@ def test_the_fit_recovers_a_known_cost_curve_and_kv_term():
     assert cost.predict(features([4096], [0]))[0] == pytest.approx(truth(4096, 0), rel=0.02)  # extrapolated
 
 
-def test_recursive_least_squares_follows_a_machine_that_slows_down():
+def test_the_online_fit_follows_a_machine_that_slows_down():
     rng = np.random.default_rng(1)
     rows = np.r_[KNOTS[KNOTS <= 256], rng.integers(1, 257, 40)]
     kv = rng.integers(100, 5000, len(rows))
