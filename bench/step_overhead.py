@@ -1,6 +1,7 @@
 """Host-side work per engine step: the time a step spends outside the models' forwards, and how many
 tensor -> Python reads it makes (each one a device->host synchronisation on a GPU), at 1 and 32 running
-requests, with plain decoding and with speculation.
+requests, with plain decoding and with speculation; and the speculation policy's own time (the
+controller: plan, keep_drafting, trim, observe), e.g. the adaptive policy's (`--configs adaptive`).
 
     python bench/step_overhead.py --label after                      # this checkout
     PYTHONPATH=/path/to/old/checkout python bench/step_overhead.py --label before
@@ -21,7 +22,9 @@ from pathlib import Path
 
 OUT = Path(__file__).parent / "results" / "step_overhead"
 CONFIGS = {"plain": None,
-           "spec": '{"model": "default", "num_speculative_tokens": 3, "ngram_first": true}'}
+           "spec": '{"model": "default", "num_speculative_tokens": 3, "ngram_first": true}',
+           "adaptive": '{"model": "default", "num_speculative_tokens": 3, "ngram_first": true, "policy": "adaptive"}'}
+POLICY_METHODS = ("plan", "keep_drafting", "trim", "observe")
 CONVERSIONS = ("tolist", "item", "__int__", "__float__", "__bool__", "__index__", "numpy")
 
 
@@ -30,7 +33,7 @@ def instrument():
     import torch
 
     from specserve.model.llama import LlamaModel
-    clock = {"forward": 0.0, "reads": 0}
+    clock = {"forward": 0.0, "reads": 0, "policy": 0.0}
     for name in ("forward", "compute_logits"):
         original = getattr(LlamaModel, name)
 
@@ -59,6 +62,15 @@ def measure(spec: str | None, running: int, steps: int, threads: int) -> dict:
     clock = instrument()
     llm = LLM(model="smollm2-135m", max_num_seqs=64, num_threads=threads, speculative_config=spec)
     engine = llm.engine
+    policy = getattr(engine, "policy", None)
+    for name in POLICY_METHODS if policy is not None else ():
+        def timed_policy(*args, _original=getattr(policy, name), **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return _original(*args, **kwargs)
+            finally:
+                clock["policy"] += time.perf_counter() - t0
+        setattr(policy, name, timed_policy)  # the scheduler, proposer and executor all call this one object
     params = SamplingParams(max_tokens=steps * 5 + 50, temperature=0, ignore_eos=True)
     for p in load_prompts(llm.tokenizer, running, 256):
         engine.add_request(p, params)
@@ -66,28 +78,33 @@ def measure(spec: str | None, running: int, steps: int, threads: int) -> dict:
         engine.step()
     for _ in range(3):  # warm
         engine.step()
-    step_s, forward_s, reads = [], [], []
+    step_s, forward_s, reads, policy_s = [], [], [], []
     for _ in range(steps):
-        f0, r0, t0 = clock["forward"], clock["reads"], time.perf_counter()
+        f0, r0, p0, t0 = clock["forward"], clock["reads"], clock["policy"], time.perf_counter()
         engine.step()
         step_s.append(time.perf_counter() - t0)
         forward_s.append(clock["forward"] - f0)
         reads.append(clock["reads"] - r0)
+        policy_s.append(clock["policy"] - p0)
     host = [s - f for s, f in zip(step_s, forward_s)]
     return {"running": running, "step_ms": statistics.median(step_s) * 1e3,
             "host_ms": statistics.median(host) * 1e3,
             "host_share": statistics.median(h / s for h, s in zip(host, step_s)),
-            "reads_per_step": statistics.median(reads)}
+            "reads_per_step": statistics.median(reads),
+            "policy_ms": statistics.median(policy_s) * 1e3,
+            "policy_share": statistics.median(p / s for p, s in zip(policy_s, step_s))}
 
 
 def report() -> None:
-    print("| label | config | running | step (ms) | host outside forward (ms) | host share | tensor reads / step |")
-    print("|---|---|---|---|---|---|---|")
+    print("| label | config | running | step (ms) | host outside forward (ms) | host share | tensor reads / step "
+          "| policy (ms) | policy share |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for path in sorted(OUT.glob("*.json")):
         data = json.loads(path.read_text())
         for r in data["rows"]:
             print(f"| {data['label']} | {r['config']} | {r['running']} | {r['step_ms']:.1f} | {r['host_ms']:.2f} | "
-                  f"{r['host_share']:.1%} | {r['reads_per_step']:g} |")
+                  f"{r['host_share']:.1%} | {r['reads_per_step']:g} | "
+                  + (f"{r['policy_ms']:.2f} | {r['policy_share']:.1%} |" if "policy_ms" in r else "- | - |"))
     print(f"\n({', '.join(sorted({json.loads(p.read_text())['machine'] for p in OUT.glob('*.json')}))})")
 
 

@@ -52,11 +52,15 @@ class LinearCost:
     """y = f · w, fitted by least squares on a profile, then refitted after every observation by
     exponentially weighted least squares anchored to that profile:
 
-        w = argmin  Σ_t λ^(age t) (f_t · w − y_t)²  +  (w − w0)ᵀ R (w − w0)
+        w = argmin  Σ_t λ^(age t) (f_t · w − y_t)²  +  (w − s·w0)ᵀ R (w − s·w0)
 
-    R is the profile's information (its FᵀF; `prior` ⁻¹ I without a profile), w0 its weights. Recent steps
-    decide the weights along the directions they excite; the profile keeps the rest where it measured
-    them. (Recursive least squares with forgetting computes the same thing through a covariance that
+    R is the profile's information (its FᵀF; `prior` ⁻¹ I without a profile), w0 its weights, s the
+    machine's speed relative to the profile (the weighted least-squares ratio of measured to profiled
+    times of the same recent steps). Recent steps decide the weights along the directions they excite; the
+    profile keeps the shape of the rest, at the speed the machine runs now. Without s, a profile taken
+    while the machine was slow keeps the knots no step exercises at their slow times: a policy that
+    believes drafting too dear never drafts, so it never learns otherwise (a batch-1 server whose 1-row
+    steps ran at 23 ms against a 40 ms profile drafted nothing). (Recursive least squares with forgetting computes the same thing through a covariance that
     grows without bound along directions no step excites, and diverged after a few thousand steps of a
     steady load: docs/experiments/wave2-measurements.md.) A d x d solve per step, d = 15."""
 
@@ -69,6 +73,7 @@ class LinearCost:
         self.forgetting = forgetting
         self.A = np.zeros((d, d))  # Σ λ^age f fᵀ of the observed steps
         self.b = np.zeros(d)       # Σ λ^age f y
+        self._pp = self._py = 0.0  # Σ λ^age (f·w0)², Σ λ^age (f·w0) y: the speed ratio s = _py / _pp
 
     @classmethod
     def fit(cls, f: np.ndarray, y: np.ndarray, ridge: float = 1e-6) -> "LinearCost":
@@ -82,7 +87,15 @@ class LinearCost:
         """Learn from one observation (f [d], y)."""
         self.A = self.forgetting * self.A + np.outer(f, f)
         self.b = self.forgetting * self.b + f * y
-        self.w = np.linalg.solve(self.A + self.R, self.b + self.R @ self.w0)
+        profiled = float(f @ self.w0)
+        self._pp = self.forgetting * self._pp + profiled * profiled
+        self._py = self.forgetting * self._py + profiled * y
+        self.w = np.linalg.solve(self.A + self.R, self.b + self.R @ (self.speed * self.w0))
+
+    @property
+    def speed(self) -> float:
+        """Measured over profiled time of the recent steps (1 before any; kept within 0.1-10x)."""
+        return float(np.clip(self._py / self._pp, 0.1, 10.0)) if self._pp > 0 else 1.0
 
 
 @dataclass

@@ -66,6 +66,22 @@ def test_a_long_steady_load_does_not_make_the_online_fit_diverge():
     assert np.all(np.diff(model.verify_curve(grid, 2000 + grid)) >= 0)
 
 
+def test_steps_at_one_row_carry_the_machines_speed_to_the_rows_they_never_run():
+    """A profile taken while the machine was slow (1.7x) and a server that only ever runs 1-row steps (a
+    policy that thinks drafting too dear never drafts): the rows it never runs must follow the machine's
+    speed too, or drafting stays too dear for ever (a batch-1 server drafted nothing for this reason)."""
+    rng = np.random.default_rng(3)
+    rows = np.r_[KNOTS[KNOTS <= 64], rng.integers(1, 65, 20)]
+    kv = rng.integers(100, 3000, len(rows))
+    model = StepCostModel(_fit(np.c_[rows, kv, 1.7 * truth(rows, kv)].tolist()), {})
+    for _ in range(300):
+        k = int(rng.integers(100, 3000))
+        model.observe(1, k, truth(1, k) * (1 + 0.05 * rng.standard_normal()), [], 0.0)
+    unexercised = np.arange(2, 10)
+    assert np.allclose(model.verify_time(unexercised, 2000), truth(unexercised, 2000), rtol=0.1)
+    assert model.verify.speed == pytest.approx(1 / 1.7, rel=0.05)
+
+
 def test_linear_cost_update_is_exact_on_consistent_data():
     cost = LinearCost(np.zeros(3), forgetting=1.0, prior=1e4)
     rng = np.random.default_rng(2)
