@@ -55,8 +55,8 @@ class LinearCost:
         w = argmin  Σ_t λ^(age t) (f_t · w − y_t)²  +  (w − s·w0)ᵀ R (w − s·w0)
 
     R is the profile's information (its FᵀF; `prior` ⁻¹ I without a profile), w0 its weights, s the
-    machine's speed relative to the profile (the weighted least-squares ratio of measured to profiled
-    times of the same recent steps). Recent steps decide the weights along the directions they excite; the
+    machine's speed relative to the profile (the geometric mean ratio of measured to profiled time over
+    the same recent steps). Recent steps decide the weights along the directions they excite; the
     profile keeps the shape of the rest, at the speed the machine runs now. Without s, a profile taken
     while the machine was slow keeps the knots no step exercises at their slow times: a policy that
     believes drafting too dear never drafts, so it never learns otherwise (a batch-1 server whose 1-row
@@ -65,7 +65,7 @@ class LinearCost:
     steady load: docs/experiments/wave2-measurements.md.) A d x d solve per step, d = 15."""
 
     def __init__(self, weights: np.ndarray, forgetting: float = 0.995, prior: float = 1.0,
-                 information: np.ndarray | None = None):
+                 information: np.ndarray | None = None, prior_steps: float = 5.0):
         self.w = np.asarray(weights, dtype=float)
         self.w0 = self.w.copy()
         d = len(self.w)
@@ -73,7 +73,8 @@ class LinearCost:
         self.forgetting = forgetting
         self.A = np.zeros((d, d))  # Σ λ^age f fᵀ of the observed steps
         self.b = np.zeros(d)       # Σ λ^age f y
-        self._pp = self._py = 0.0  # Σ λ^age (f·w0)², Σ λ^age (f·w0) y: the speed ratio s = _py / _pp
+        self._log_speed = self._steps = 0.0  # Σ λ^age log(y / f·w0), Σ λ^age: s, their weighted mean
+        self.prior_steps = prior_steps       # pseudo-steps at the profile's speed: one outlier is not a speed
 
     @classmethod
     def fit(cls, f: np.ndarray, y: np.ndarray, ridge: float = 1e-6) -> "LinearCost":
@@ -88,14 +89,29 @@ class LinearCost:
         self.A = self.forgetting * self.A + np.outer(f, f)
         self.b = self.forgetting * self.b + f * y
         profiled = float(f @ self.w0)
-        self._pp = self.forgetting * self._pp + profiled * profiled
-        self._py = self.forgetting * self._py + profiled * y
+        if profiled > 0 and y > 0:
+            self._log_speed = self.forgetting * self._log_speed + np.log(y / profiled)
+            self._steps = self.forgetting * self._steps + 1.0
+        self._solve()
+
+    def decay(self) -> None:
+        """A step that did not run this forward: its evidence ages all the same, so that an outlier (a
+        slow first call) cannot keep a forward looking dear for ever once the policy stops running it."""
+        self.A *= self.forgetting
+        self.b *= self.forgetting
+        self._log_speed *= self.forgetting
+        self._steps *= self.forgetting
+        self._solve()
+
+    def _solve(self) -> None:
         self.w = np.linalg.solve(self.A + self.R, self.b + self.R @ (self.speed * self.w0))
 
     @property
     def speed(self) -> float:
-        """Measured over profiled time of the recent steps (1 before any; kept within 0.1-10x)."""
-        return float(np.clip(self._py / self._pp, 0.1, 10.0)) if self._pp > 0 else 1.0
+        """Measured over profiled time of the recent steps, their geometric mean: every step counts the
+        same, so that a few long prefill steps do not outvote the many decode steps whose neighbours the
+        policies ask about (1 before any step; kept within 0.1-10x)."""
+        return float(np.clip(np.exp(self._log_speed / (self._steps + self.prior_steps)), 0.1, 10.0))
 
 
 @dataclass
@@ -137,9 +153,13 @@ class StepCostModel:
                 by_draft[draft] = by_draft.get(draft, 0) + features(rows, kv)[0]
         for draft, fd in by_draft.items():
             predicted += float(fd @ self.drafts[draft].w)
+        learned = None
         if len(by_draft) == 1:  # the draft phase is timed as a whole: attributable to one draft only
-            (draft, fd), = by_draft.items()
-            self.drafts[draft].update(fd, draft_s)
+            (learned, fd), = by_draft.items()
+            self.drafts[learned].update(fd, draft_s)
+        for name, cost in self.drafts.items():
+            if name != learned:
+                cost.decay()
         measured = forward_s + (draft_s if by_draft else 0.0)
         if measured > 0:
             error = abs(predicted - measured) / measured

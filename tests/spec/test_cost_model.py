@@ -82,6 +82,22 @@ def test_steps_at_one_row_carry_the_machines_speed_to_the_rows_they_never_run():
     assert model.verify.speed == pytest.approx(1 / 1.7, rel=0.05)
 
 
+def test_a_slow_first_draft_call_does_not_keep_drafting_dear_for_ever():
+    """The first draft forward of a server ran 10x its profile (a warm-up); the policy then stopped
+    drafting, so no later draft step could correct it. Steps without that draft age the outlier away."""
+    rng = np.random.default_rng(4)
+    rows = np.r_[KNOTS[KNOTS <= 64], rng.integers(1, 65, 20)]
+    kv = rng.integers(100, 3000, len(rows))
+    profile = _fit(np.c_[rows, kv, truth(rows, kv)].tolist())
+    model = StepCostModel(_fit(np.c_[rows, kv, truth(rows, kv)].tolist()), {"code": profile})
+    profiled = model.draft_time("code", [1], 1000)[0]
+    model.observe(1, 1000, truth(1, 1000), [("code", 1, 1000)], 10 * truth(1, 1000))
+    assert model.draft_time("code", [1], 1000)[0] > 2 * truth(1, 1000)  # the outlier counts at first
+    for _ in range(2000):  # plain steps only
+        model.observe(1, 1000, truth(1, 1000), [], 0.0)
+    assert model.draft_time("code", [1], 1000)[0] == pytest.approx(profiled, rel=0.05)
+
+
 def test_linear_cost_update_is_exact_on_consistent_data():
     cost = LinearCost(np.zeros(3), forgetting=1.0, prior=1e4)
     rng = np.random.default_rng(2)
