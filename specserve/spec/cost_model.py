@@ -60,15 +60,15 @@ class LinearCost:
     profile keeps the shape of the rest, at the speed the machine runs now. Without s, a profile taken
     while the machine was slow keeps the knots no step exercises at their slow times: a policy that
     believes drafting too dear never drafts, so it never learns otherwise (a batch-1 server whose 1-row
-    steps ran at 23 ms against a 40 ms profile drafted nothing). (Recursive least squares with forgetting computes the same thing through a covariance that
-    grows without bound along directions no step excites, and diverged after a few thousand steps of a
+    steps ran at 23 ms against a 40 ms profile drafted nothing). (Recursive least squares with forgetting
+    computes the same thing through a covariance that grows without bound along directions no step excites, and diverged after a few thousand steps of a
     steady load: docs/experiments/wave2-measurements.md.) A d x d solve per step, d = 15."""
 
     def __init__(self, weights: np.ndarray, forgetting: float = 0.995, prior: float = 1.0,
                  information: np.ndarray | None = None, prior_steps: float = 5.0):
-        self.w = np.asarray(weights, dtype=float)
-        self.w0 = self.w.copy()
-        d = len(self.w)
+        self.w0 = np.asarray(weights, dtype=float)
+        self._w: np.ndarray | None = self.w0.copy()  # solved when read: unused drafts age without a solve
+        d = len(self.w0)
         self.R = np.eye(d) / prior if information is None else information
         self.forgetting = forgetting
         self.A = np.zeros((d, d))  # Σ λ^age f fᵀ of the observed steps
@@ -92,7 +92,7 @@ class LinearCost:
         if profiled > 0 and y > 0:
             self._log_speed = self.forgetting * self._log_speed + np.log(y / profiled)
             self._steps = self.forgetting * self._steps + 1.0
-        self._solve()
+        self._w = None
 
     def decay(self) -> None:
         """A step that did not run this forward: its evidence ages all the same, so that an outlier (a
@@ -101,10 +101,13 @@ class LinearCost:
         self.b *= self.forgetting
         self._log_speed *= self.forgetting
         self._steps *= self.forgetting
-        self._solve()
+        self._w = None
 
-    def _solve(self) -> None:
-        self.w = np.linalg.solve(self.A + self.R, self.b + self.R @ (self.speed * self.w0))
+    @property
+    def w(self) -> np.ndarray:
+        if self._w is None:
+            self._w = np.linalg.solve(self.A + self.R, self.b + self.R @ (self.speed * self.w0))
+        return self._w
 
     @property
     def speed(self) -> float:
