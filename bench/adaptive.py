@@ -6,6 +6,7 @@ draft) and chat (Spec-Bench, the chat draft).
     python bench/adaptive.py                       # ~60 min on 2 CPU cores: off, static 2 and 4, adaptive
     python bench/adaptive.py --policies all --temperatures 0,0.7 --levels 0.1,0.25,0.4,0.55,0.7,0.9 \
         --requests 12                              # the full grid: several hours there
+    python bench/adaptive.py --slo-tpot-ms 60 --levels 0.2,0.5,0.9   # ~35 min: + TPOT-objective attainment
     python bench/adaptive.py --analyze bench/results/adaptive/<run>      # tables, goals and plots again
 
 Per workload (and temperature): one engine (SmolLM2-135M, the workload's draft, prompt lookup first, a
