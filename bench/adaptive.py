@@ -242,10 +242,12 @@ def attainment(rows, policies, levels) -> list[str]:
         return float(np.mean(values)) if values else None
 
     slo = sorted({r["slo_tpot_ms"] for r in slo_rows if r.get("slo_tpot_ms")})
-    out = [f"TPOT objective {', '.join(f'{s:g}' for s in slo)} ms: share of requests that met it (pooled over repeats)", "",
+    out = [f"TPOT objective {', '.join(f'{s:g}' for s in slo)} ms: share of requests that met it "
+           "(pooled over repeats)", "",
            "| policy | " + " | ".join(f"{lv:.0%}" for lv in levels) + " |", "|---|" + "---|" * len(levels)]
     for p in policies:
-        out.append(f"| {p} | " + " | ".join("–" if (v := share(p, lv)) is None else f"{v:.0%}" for lv in levels) + " |")
+        shares = ("–" if (v := share(p, lv)) is None else f"{v:.0%}" for lv in levels)
+        out.append(f"| {p} | " + " | ".join(shares) + " |")
     reached = [lv for lv in levels if any((share(p, lv) or 0) >= 0.99 for p in policies)]
     if "adaptive" in policies:
         misses = [lv for lv in reached if (share("adaptive", lv) or 0) < 0.99]

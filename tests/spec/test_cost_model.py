@@ -88,8 +88,8 @@ def test_a_slow_first_draft_call_does_not_keep_drafting_dear_for_ever():
     rng = np.random.default_rng(4)
     rows = np.r_[KNOTS[KNOTS <= 64], rng.integers(1, 65, 20)]
     kv = rng.integers(100, 3000, len(rows))
-    profile = _fit(np.c_[rows, kv, truth(rows, kv)].tolist())
-    model = StepCostModel(_fit(np.c_[rows, kv, truth(rows, kv)].tolist()), {"code": profile})
+    sweep = np.c_[rows, kv, truth(rows, kv)].tolist()
+    model = StepCostModel(_fit(sweep), {"code": _fit(sweep)})  # the draft's profile: the target's curve
     profiled = model.draft_time("code", [1], 1000)[0]
     model.observe(1, 1000, truth(1, 1000), [("code", 1, 1000)], 10 * truth(1, 1000))
     assert model.draft_time("code", [1], 1000)[0] > 2 * truth(1, 1000)  # the outlier counts at first
