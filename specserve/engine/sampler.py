@@ -4,6 +4,8 @@ Plain decoding is verification with zero drafts, so one path serves decodes, (k+
 first token after a prefill, greedy and sampled alike. Rows arrive flattened ([T, V], request i owning
 l_i + 1 consecutive rows); greedy and sampled requests each take one vectorized call of the rejection
 sampler, and the step's results (tokens, logprobs, draft confidences) cross to the host in one transfer.
+A step whose requests are all greedy without logprobs moves the argmax rows and drafts instead and accepts
+on the host (`_greedy`: the same tokens, a tenth of the time).
 """
 from __future__ import annotations
 
@@ -30,6 +32,8 @@ class Sampler:
             starts.append(row)
             row += length + 1
         argmax = argmax_rows(logits)
+        if all(s.seq.params.greedy and not s.seq.params.logprobs for s in sampling):
+            return _greedy(argmax, proposal, lengths, starts)
         committed = torch.full((len(sampling), k + 1), PLACEHOLDER, dtype=torch.long, device=device)
         greedy = [i for i, s in enumerate(sampling) if s.seq.params.greedy]
         sampled = [i for i, s in enumerate(sampling) if not s.seq.params.greedy]
@@ -59,6 +63,24 @@ class Sampler:
         if host[2] is not None:
             confidences = [r[:length] for r, length in zip(host[2], proposal.lengths)]
         return tokens, lps, confidences
+
+
+def _greedy(argmax: torch.Tensor, proposal: Proposal, lengths: list[int], starts: list[int]
+            ) -> tuple[list[list[int]], list[None], list[list[float]] | None]:
+    """Every request greedy, none asking for logprobs (plain decoding's usual step): the target's argmax
+    rows and the drafts cross in the step's one transfer, and acceptance (drafts equal to the argmax, then
+    the argmax) is a few list comparisons on the host instead of ~20 small tensor ops (~1 ms a step on the
+    CPU here). The result is rejection_sample's greedy result."""
+    argmax_rows, drafts, confidences = to_host(argmax, proposal.token_ids, proposal.confidences)
+    tokens = []
+    for i, (start, length) in enumerate(zip(starts, lengths)):  # prefills (no drafts) come last
+        n = 0
+        while n < length and drafts[i][n] == argmax_rows[start + n]:
+            n += 1
+        tokens.append([*drafts[i][:n], argmax_rows[start + n]] if n else [argmax_rows[start]])
+    if confidences is not None:
+        confidences = [r[:length] for r, length in zip(confidences, proposal.lengths)]
+    return tokens, [None] * len(lengths), confidences
 
 
 def _index(values: list[int], device) -> torch.Tensor:

@@ -1,0 +1,42 @@
+"""The sampler's host-side greedy path (every request greedy, no logprobs) against the vectorized rejection
+sampler it stands in for: asking for logprobs sends the same rows through rejection_sample."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from specserve.batch import Proposal
+from specserve.engine.sampler import Sampler
+from specserve.engine.sampling_params import SamplingParams
+
+
+def _requests(n: int, logprobs: bool):
+    params = SamplingParams(temperature=0.0, logprobs=1 if logprobs else None)
+    return [SimpleNamespace(seq=SimpleNamespace(params=params, generator=None)) for _ in range(n)]
+
+
+@pytest.mark.parametrize("lengths, prefills", [
+    ([0], 0),              # plain decoding
+    ([0, 0, 0], 2),        # a decode batch and two prefills completing their prompts
+    ([3], 0),              # one verify
+    ([2, 0, 4, 1], 1),     # mixed draft lengths, then a prefill
+])
+def test_greedy_path_commits_what_rejection_sampling_commits(lengths, prefills):
+    gen = torch.Generator().manual_seed(sum(lengths) + prefills)
+    vocab, k = 11, max(lengths)
+    rows = sum(length + 1 for length in lengths) + prefills
+    for _ in range(20):
+        logits = torch.randn(rows, vocab, generator=gen)
+        # Drafts that often match the target's argmax, so that acceptance runs vary in length.
+        argmax, drafts, row = logits.argmax(-1), torch.zeros(len(lengths), k, dtype=torch.long), 0
+        for i, length in enumerate(lengths):
+            for j in range(length):
+                hit = torch.rand((), generator=gen) < 0.7
+                drafts[i, j] = argmax[row + j] if hit else torch.randint(vocab, (), generator=gen)
+            row += length + 1
+        proposal = Proposal(list(lengths), drafts)
+        n = len(lengths) + prefills
+        fast, lps_fast, _ = Sampler()(logits, _requests(n, logprobs=False), proposal)
+        reference, lps, _ = Sampler()(logits, _requests(n, logprobs=True), proposal)
+        assert fast == reference
+        assert lps_fast == [None] * n and all(len(lp) == len(t) for lp, t in zip(lps, reference))
