@@ -27,6 +27,7 @@ from specserve.engine.sampling_params import SamplingParams
 from specserve.engine.scheduler import Scheduler
 from specserve.engine.sequence import Sequence, Status
 from specserve.errors import InvalidRequestError, SpecServeError
+from specserve.model import kernels as cpu_kernels
 from specserve.model.loader import load_model
 from specserve.model.quantize import weight_summary
 from specserve.spec.cost_model import StepCostModel
@@ -53,9 +54,10 @@ class EngineInfo:
 
 
 def profile_step_costs(runner, proposer, config: EngineConfig, target, drafts) -> StepCostModel:
-    """The step cost model's startup sweep, cached per model pair, device, dtype, quantization, kernels,
-    threads and budget."""
+    """The step cost model's startup sweep, cached per model pair, device, dtype, quantization, kernels (their
+    settings and build: edited kernels are measured again), threads and budget."""
     kernels = [os.environ.get(v) for v in ("SPECSERVE_CPU_KERNELS", "SPECSERVE_BATCH_INVARIANT")]
+    kernels.append(cpu_kernels.library_id() if runner.device.type == "cpu" else None)
     key = "|".join(map(str, [target.path, [d.path for d in drafts], config.device, config.dtype,
                              config.quantization, kernels, torch.get_num_threads(), config.max_num_batched_tokens,
                              config.block_size, torch.__version__]))

@@ -141,3 +141,21 @@ def test_device_defaults_to_cuda_when_present_and_bad_devices_are_clear_errors(t
     if not torch.cuda.is_available():
         with pytest.raises(SpecServeError, match="no CUDA GPU"):
             EngineConfig(model=str(tiny_target), device="cuda")
+
+
+def test_step_cost_profile_is_cached_per_kernel_build(monkeypatch):
+    """An edited kernel (another build) is profiled again instead of reusing the old build's step costs."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from specserve.engine import llm_engine
+    from specserve.engine.config import EngineConfig
+    keys = []
+    monkeypatch.setattr(llm_engine.StepCostModel, "profile", lambda runner, drafts, rows, key: keys.append(key))
+    runner = SimpleNamespace(device=torch.device("cpu"))
+    target, config = SimpleNamespace(path="target"), EngineConfig(model="target")
+    for build in ("specserve-kernels-aaaa", "specserve-kernels-aaaa", "specserve-kernels-bbbb"):
+        monkeypatch.setattr(llm_engine.cpu_kernels, "library_id", lambda build=build: build)
+        llm_engine.profile_step_costs(runner, None, config, target, [])
+    assert keys[0] == keys[1] != keys[2]

@@ -81,6 +81,13 @@ def _build(compiler: str) -> Path:
     return target
 
 
+def library_id() -> str:
+    """Which build of the kernels this process runs ("none" without them): a hash of their sources, flags
+    and CPU, for caches of anything measured on them (the step cost profile)."""
+    lib = _library()
+    return Path(lib._name).stem if lib is not None else "none"
+
+
 @functools.cache
 def _library() -> ctypes.CDLL | None:
     if os.environ.get("SPECSERVE_CPU_KERNELS", "1") == "0":
