@@ -122,3 +122,10 @@ def test_profile_of_a_tiny_model_is_cached(tiny_target, tiny_draft, tmp_path, mo
     again = LLM(model=str(tiny_target), dtype="float32", max_num_batched_tokens=64,
                 speculative_config=spec).engine.models.cost
     assert files[0].stat().st_mtime_ns == stamp and np.allclose(again.verify.w, cost.verify.w)
+
+
+def test_row_basis_table_equals_the_computed_basis():
+    """Whole row counts come from a precomputed table; fractional or larger ones are computed: both agree."""
+    from specserve.spec import cost_model
+    for rows in (np.arange(0, 5000), np.array([0, 1, 3, 4096]), 7, [2.5, 9000.0], np.array([4097, 10000])):
+        assert np.array_equal(cost_model.row_basis(rows), cost_model._row_basis(rows))
