@@ -1,6 +1,7 @@
 """Quantized weights at load: a GGUF file's own blocks ("gguf"), or a checkpoint quantized to Q8_0/Q4_0/Q4_1.
 
-The linear layers of the decoder (fused q/k/v, o, fused gate/up, down) and the LM head become
+The linear layers of the decoder (fused q/k/v, o, fused gate/up, down), the LM head and an EAGLE draft's
+input projection become
 KernelLinear modules that read the blocks directly (`cpu_linear.py`); the embedding stays a dense table in
 the model's dtype (a step reads only a few of its rows). Where the kernel cannot run (no C compiler,
 SPECSERVE_CPU_KERNELS=0, a GPU), the layers stay nn.Linear holding the dequantized values, so a model
@@ -28,6 +29,7 @@ def _targets(model: nn.Module) -> dict[str, nn.Linear]:
     """Our module path -> nn.Linear, for every matrix that quantization replaces."""
     out = {f"layers.{i}.{name}": getattr(layer, name) for i, layer in enumerate(model.layers) for name in LAYER_LINEARS}
     out["lm_head"] = model.lm_head
+    out["fc"] = getattr(model, "fc", None)  # an EAGLE draft's input projection (GGUF files hold none: dense)
     return {path: m for path, m in out.items() if isinstance(m, nn.Linear)}
 
 

@@ -13,7 +13,8 @@
                                       one whose vocabulary covers its prompt best (spec/router.py);
                                       "default" is every shipped draft this way
 
-Any of them takes `"policy"`: how many tokens each request drafts each step (spec/policies/; default
+A draft model can be quantized at load, as the target can: `"quantization": "q8_0"` (or q4_0, q4_1; the
+CPU kernels read the blocks, elsewhere the dequantized values run). Any of them takes `"policy"`: how many tokens each request drafts each step (spec/policies/; default
 "static", always num_speculative_tokens, which is then the ceiling for every other policy), with the
 policy's own settings in `"policy_options"`. `none` (or an empty string) switches speculation off.
 """
@@ -25,6 +26,7 @@ from dataclasses import dataclass, fields
 from specserve.errors import SpecServeError
 
 METHODS = ("draft_model", "eagle", "ngram")
+DRAFT_QUANTIZATIONS = ("q8_0", "q4_0", "q4_1")  # model/quantize.py's at-load formats (CPU kernels)
 MAX_SPECULATIVE_TOKENS = 16  # verify queries stay in the "short" attention group (attention.SHORT_QUERY_MAX)
 
 
@@ -36,6 +38,7 @@ class SpeculativeConfig:
     prompt_lookup_max: int = 4
     prompt_lookup_min: int = 2
     draft_dtype: str | None = None  # default: the target's dtype
+    quantization: str | None = None  # the drafts' weights: None dense; "q8_0", "q4_0", "q4_1" quantized at load
     ngram_first: bool = False  # draft model only: try prompt lookup first, draft where it finds nothing
     policy: str = "static"  # spec/policies/: how many tokens each request drafts, step by step
     policy_options: dict | None = None
@@ -61,6 +64,9 @@ class SpeculativeConfig:
             raise SpecServeError(f'"policy" must be a policy name, got {self.policy!r}')
         if self.policy_options is not None and not isinstance(self.policy_options, dict):
             raise SpecServeError(f'"policy_options" must be a JSON object, got {self.policy_options!r}')
+        if self.quantization is not None and self.quantization not in DRAFT_QUANTIZATIONS:
+            raise SpecServeError(f'"quantization" of the drafts must be one of {", ".join(DRAFT_QUANTIZATIONS)} '
+                                 f"(or absent: dense), got {self.quantization!r}")
         uses_lookup = self.method == "ngram" or self.ngram_first
         if uses_lookup and not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
             raise SpecServeError("need 1 <= prompt_lookup_min <= prompt_lookup_max")

@@ -22,7 +22,7 @@ def load_drafts(spec: SpeculativeConfig, target: LoadedModel, config) -> list[Lo
 
 
 def load_draft(name: str, spec: SpeculativeConfig, target: LoadedModel, config) -> LoadedModel:
-    draft = load_model(name, spec.draft_dtype or config.dtype, config.device)
+    draft = load_model(name, spec.draft_dtype or config.dtype, config.device, spec.quantization)
     if draft.tokenizer.hf.get_vocab() != target.tokenizer.hf.get_vocab():
         raise SpecServeError(f"draft model {name} has a different tokenizer than the target "
                              f"{config.model}; speculative decoding needs the same vocabulary")
@@ -39,9 +39,9 @@ def load_draft(name: str, spec: SpeculativeConfig, target: LoadedModel, config) 
 
 def share_target_embedding(draft, target) -> None:
     """An EAGLE draft (LlamaModel) reads tokens through the target's own embedding, not stored with it."""
-    shared = target.embed_tokens.weight
-    draft.embed_tokens.weight = torch.nn.Parameter(shared.to(draft.fc.weight.dtype), requires_grad=False) \
-        if shared.dtype != draft.fc.weight.dtype else shared
+    shared, dtype = target.embed_tokens.weight, draft.norm.weight.dtype  # the draft's dtype (its fc may be quantized)
+    draft.embed_tokens.weight = torch.nn.Parameter(shared.to(dtype), requires_grad=False) \
+        if shared.dtype != dtype else shared
 
 
 def load_vocab_map(draft: LoadedModel, target_vocab_size: int) -> torch.Tensor | None:

@@ -87,6 +87,20 @@ def test_greedy_sd_with_preemption(tiny_target, request, baseline, method):
     assert llm.engine.scheduler.blocks.num_free == 40
 
 
+@pytest.mark.parametrize("method", ["draft_model", "eagle+ngram"])
+def test_drafts_quantized_at_load_stay_lossless(tiny_target, request, baseline, method):
+    """"quantization": "q8_0" puts the draft's matrices in Q8_0 blocks (the target stays dense); the output
+    is still the target's, token for token."""
+    from specserve.model.cpu_linear import KernelLinear
+    spec = spec_config(method, request, 3) | {"quantization": "q8_0"}
+    llm = LLM(model=str(tiny_target), dtype="float32", speculative_config=spec)
+    formats = lambda model: {m.fmt for m in model.modules() if isinstance(m, KernelLinear)}  # noqa: E731
+    assert formats(llm.engine.proposer.runner.model) == {"q8_0"}
+    assert "q8_0" not in formats(llm.engine.runner.model)
+    ps, expected = baseline
+    assert [o.token_ids for o in llm.generate(ps[:40], GREEDY)] == expected[:40]
+
+
 def test_stop_and_max_tokens_inside_an_accepted_run(tiny_target, tiny_draft, baseline):
     ps, want = baseline
     llm = LLM(model=str(tiny_target), dtype="float32",
@@ -169,7 +183,8 @@ def test_bad_speculative_configs_are_clear_errors(tiny_target):
                      ("not json", "not valid JSON"), ('{"model": "x", "bogus": 1}', "unknown"),
                      ('{"method": "ngram", "ngram_first": true}', "needs \"model\""),
                      ('{"model": "x", "ngram_first": "yes"}', "true or false"),
-                     ('{"model": "x", "ngram_first": true, "prompt_lookup_min": 0}', "prompt_lookup_min")]:
+                     ('{"model": "x", "ngram_first": true, "prompt_lookup_min": 0}', "prompt_lookup_min"),
+                     ('{"model": "x", "quantization": "q3_k"}', "quantization")]:
         with pytest.raises(SpecServeError, match=msg):
             LLM(model=str(tiny_target), speculative_config=cfg)
 
