@@ -216,10 +216,14 @@ def configurations(found: dict, systems: list[str], before: str | None = None) -
                   Peer("specserve-default", "specserve", K, base + ["--speculative-config", DEFAULT_SPECULATIVE],
                        notes="the default: prompt lookup first, shipped EAGLE drafts elsewhere, adaptive k <= 4")]
     if "specserve" in systems and before:  # the same commands on another checkout's code
+        # -P: no current directory at the head of sys.path, which `-m` puts there and which (run from our
+        # checkout) would import our code instead of PYTHONPATH's (the before rows of the 2026-11-27 and
+        # 2026-11-28-d runs measured this checkout so).
         env = {"PYTHONPATH": str(Path(before).resolve())}
-        peers += [Peer("before-off", "specserve", 0, ours + ["--speculative-config", "none"], env,
+        theirs = [ours[0], "-P", *ours[1:]]
+        peers += [Peer("before-off", "specserve", 0, theirs + ["--speculative-config", "none"], env,
                        notes=f"the checkout at {before}"),
-                  Peer("before-default", "specserve", 3, ours, env, notes=f"its default, the checkout at {before}")]
+                  Peer("before-default", "specserve", 3, theirs, env, notes=f"its default, the checkout at {before}")]
     if "llama.cpp" in systems and found.get("llama_server"):
         base = lambda gguf: [found["llama_server"], "-m", gguf, "--alias", SERVED_NAME, "-t", THREADS,  # noqa: E731
                              "-tb", THREADS, "-c", LLAMA_CTX, "-np", LLAMA_SLOTS, "--metrics", "--host", "127.0.0.1"]
