@@ -1,11 +1,10 @@
 """Quantized weights at load: a GGUF file's own blocks ("gguf"), or a checkpoint quantized to Q8_0/Q4_0/Q4_1.
 
 The linear layers of the decoder (fused q/k/v, o, fused gate/up, down), the LM head and an EAGLE draft's
-input projection become
-KernelLinear modules that read the blocks directly (`cpu_linear.py`); the embedding stays a dense table in
-the model's dtype (a step reads only a few of its rows). Where the kernel cannot run (no C compiler,
-SPECSERVE_CPU_KERNELS=0, a GPU), the layers stay nn.Linear holding the dequantized values, so a model
-computes the same function either way, up to accumulation order.
+input projection become KernelLinear modules that read the blocks directly (`cpu_linear.py`); the
+embedding stays a dense table in the model's dtype (a step reads only a few of its rows). Where the kernel
+cannot run (no C compiler, SPECSERVE_CPU_KERNELS=0, a GPU), the layers stay nn.Linear holding the
+dequantized values, so a model computes the same function either way, up to accumulation order.
 """
 from __future__ import annotations
 

@@ -14,7 +14,9 @@
                                       "default" is every shipped draft this way
 
 A draft model can be quantized at load, as the target can: `"quantization": "q8_0"` (or q4_0, q4_1; the
-CPU kernels read the blocks, elsewhere the dequantized values run). Any of them takes `"policy"`: how many tokens each request drafts each step (spec/policies/; default
+CPU kernels read the blocks, elsewhere the dequantized values run).
+
+Any of them takes `"policy"`: how many tokens each request drafts each step (spec/policies/; default
 "static", always num_speculative_tokens, which is then the ceiling for every other policy), with the
 policy's own settings in `"policy_options"`. `none` (or an empty string) switches speculation off.
 """

@@ -359,9 +359,7 @@ static inline __attribute__((always_inline)) void row_group_fmt(const int fmt, c
         const int nr = (rows - r0) / (chunks - c); /* balanced: 7 rows -> 3, 4 */
         const float *xc = x + r0 * xs;
         float *yc = y + r0 * GROUP;
-        if (nr == 1)
-            for (int o = 0; o < no; o++) row_tile(fmt, w + o * row_bytes, row_bytes, xc, xs, Kp, 1, 1, yc + o);
-        else if (nr == 2)
+        if (nr == 2) /* chunks hold 2-4 rows: ceil(rows / 4) of them for 2-8 rows */
             for (int o = 0; o < no; o += 2) {
                 if (no - o >= 2) row_tile(fmt, w + o * row_bytes, row_bytes, xc, xs, Kp, 2, 2, yc + o);
                 else row_tile(fmt, w + o * row_bytes, row_bytes, xc, xs, Kp, 2, 1, yc + o);
