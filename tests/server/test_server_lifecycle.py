@@ -103,10 +103,14 @@ def test_drain_timeout_aborts_what_is_left_and_still_exits_0(tiny_target, tmp_pa
         assert server.proc.wait(30) == 0
     finally:
         server.stop()
-    assert elapsed < 10  # 0.5 s of drain and the aborts, not the ~3000 tokens still to generate
-    # every stream, running or queued, ends properly and says why
-    assert [(r["done"], r.get("error")) for r in results] == [(True, SHUTDOWN_MESSAGE)] * 3, (results, server.log)
-    assert "drain timeout: aborting 3 request(s)" in server.log and "Traceback" not in server.log
+    assert elapsed < 10  # 0.5 s of drain and the aborts, not the ~2000 tokens still to generate
+    # Every stream ends properly: the queued ones aborted with the reason; the running one too, unless (on a
+    # fast step) it finished its 1000 tokens within the drain window, which is what a drain is for.
+    aborted = [r for r in results if r.get("error")]
+    assert all(r["done"] for r in results) and len(aborted) >= 2, (results, server.log)
+    assert all(r["error"] == SHUTDOWN_MESSAGE for r in aborted)
+    assert all(r["usage"]["completion_tokens"] == 1000 for r in results if not r.get("error"))
+    assert f"drain timeout: aborting {len(aborted)} request(s)" in server.log and "Traceback" not in server.log
 
 
 def test_a_taken_port_is_a_one_line_error(tiny_target, spec_server):
