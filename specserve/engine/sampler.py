@@ -5,7 +5,7 @@ first token after a prefill, greedy and sampled alike. Rows arrive flattened ([T
 l_i + 1 consecutive rows); greedy and sampled requests each take one vectorized call of the rejection
 sampler, and the step's results (tokens, logprobs, draft confidences) cross to the host in one transfer.
 A step whose requests are all greedy without logprobs moves the argmax rows and drafts instead and accepts
-on the host (`_greedy`: the same tokens, a tenth of the time).
+on the host (`_greedy`: the same tokens, ~1.2 -> 0.26 ms a step on the CPU here).
 """
 from __future__ import annotations
 
