@@ -45,9 +45,12 @@ class RequestView:
     tokens_left: int     # tokens it may still commit (max_tokens and max_model_len); drafts beyond
                          # tokens_left - 1 are cut by the scheduler anyway
     spec: object         # its live SpecStats (drafts, accepted, accepted per position): do not mutate
-    draft: str | None    # the draft serving it (a draft's name, "ngram" for prompt lookup only)
+    draft: str | None    # the draft that would serve it this step (a draft's name; "ngram": a prompt-lookup
+                         # hit, which costs no draft forward)
     greedy: bool
     slo_tpot: float | None = None  # seconds per output token the request asks for, if any
+    max_drafts: int | None = None  # the most drafts its proposer can offer this step (a lookup hit's length;
+                                   # None: up to the ceiling); the scheduler clamps to it
 
 
 @dataclass(slots=True, frozen=True)

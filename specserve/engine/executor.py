@@ -49,9 +49,6 @@ class Executor:
         if self.proposer is None or not (wants or (plan.prefills and self.proposer.has_cache)):
             return Proposal.empty(len(decodes), device)
         proposal = self.proposer.propose(plan.prefills, decodes, self.policy, plan.view)
-        for s, source in zip(decodes, proposal.sources):
-            if source is not None:
-                s.seq.draft_name = source
         if self.policy.stepwise and any(proposal.lengths):
             confidences = to_host(proposal.confidences)[0]
             cut = self.policy.trim(plan.view, list(proposal.lengths),

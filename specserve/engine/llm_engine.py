@@ -107,7 +107,8 @@ class LLMEngine:
         self.executor = Executor(self.runner, self.proposer, self.policy)
         self.scheduler = Scheduler(BlockManager(num_blocks, config.block_size), config.max_num_seqs,
                                    config.max_num_batched_tokens, self.max_model_len, k,
-                                   step_time=self.models.step_time)
+                                   step_time=self.models.step_time,
+                                   peek=self.proposer.peek if self.proposer is not None else None)
         self.inputs = InputProcessor(self.tokenizer, target.config.vocab_size, self.max_model_len)
         self.requests: dict[str, Sequence] = {}
         self._aborted: list[Sequence] = []

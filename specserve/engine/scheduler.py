@@ -7,9 +7,10 @@ first for requests already running, then for waiting ones by TTFT deadline, with
 tightest TPOT SLO when the step cost model is known.
 `update(plan, result)` commits what the step produced and releases what it no longer needs.
 
-The clamps, applied to whatever the policy asks, in order: at most the configured ceiling; no more than
-the request can still commit minus its own token (max_tokens, max_model_len); within the step's token
-budget (decodes in batch order); within the free KV slots. Drafts never preempt anyone: speculation is
+The clamps, applied to whatever the policy asks, in order: at most the configured ceiling and what the
+proposer can offer (a prompt-lookup hit's length); no more than the request can still commit minus its
+own token (max_tokens, max_model_len); within the step's token budget (decodes in batch order); within
+the free KV slots. Drafts never preempt anyone: speculation is
 optional, a running request's next token is not.
 """
 from __future__ import annotations
@@ -40,10 +41,12 @@ class DeadlineAdmission:
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_model_len: int, max_drafts: int = 0, admission=None, step_time=None):
+                 max_model_len: int, max_drafts: int = 0, admission=None, step_time=None, peek=None):
         """step_time(rows, kv tokens) -> seconds of a target forward (the step cost model), or None where it
         was not profiled: with it, prefill chunks are cut so that a step stays within the running requests'
-        tightest TPOT SLO."""
+        tightest TPOT SLO. peek(seq, k) -> (draft, most drafts): what the proposer would draft with this
+        step (a prompt-lookup hit or a model), asked before the policy plans so that it prices each request
+        by the draft that will really serve it."""
         self.blocks = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -51,6 +54,7 @@ class Scheduler:
         self.max_drafts = max_drafts  # the ceiling on any draft length (num_speculative_tokens)
         self.admission = admission or DeadlineAdmission()
         self.step_time = step_time
+        self.peek = peek
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: preemption takes from the end
         self.num_preemptions = 0
@@ -101,7 +105,8 @@ class Scheduler:
         used = 0
         for s, want, req in zip(plan.decodes, wanted, plan.view.requests):
             seq = s.seq
-            n = max(0, min(int(want), self.max_drafts, req.tokens_left - 1, budget - used))
+            most = self.max_drafts if req.max_drafts is None else req.max_drafts
+            n = max(0, min(int(want), most, req.tokens_left - 1, budget - used))
             room = (len(seq.block_table) + self.blocks.num_free) * self.blocks.block_size - seq.num_computed - 1
             n = max(0, min(n, room))
             if n:
@@ -111,9 +116,12 @@ class Scheduler:
         return used
 
     def batch_view(self, decodes: list[ScheduledSeq], budget: int) -> BatchView:
-        requests = [RequestView(s.seq.request_id, len(s.seq.token_ids), self.tokens_left(s.seq), s.seq.spec,
-                                s.seq.draft_name, s.seq.params.greedy, s.seq.params.slo_tpot)
-                    for s in decodes]
+        requests = []
+        for s in decodes:
+            seq = s.seq
+            draft, most = self.peek(seq, self.max_drafts) if self.peek else (None, None)
+            requests.append(RequestView(seq.request_id, len(seq.token_ids), self.tokens_left(seq), seq.spec,
+                                        draft, seq.params.greedy, seq.params.slo_tpot, most))
         free = self.blocks.num_free * self.blocks.block_size + sum(
             len(s.seq.block_table) * self.blocks.block_size - s.seq.num_computed - 1 for s in decodes)
         prefilling = [s for s in self.running if s.in_prefill]

@@ -34,7 +34,7 @@ class EagleProposer:
 
     def __init__(self, drafter: Drafter):
         self.drafter = drafter
-        self.runner, self.lookup = drafter.runner, drafter.lookup
+        self.runner, self.lookup, self.peek = drafter.runner, drafter.lookup, drafter.peek
 
     def propose(self, prefills: list[ScheduledSeq], decodes: list[ScheduledSeq], policy, view):
         # Prompt rows need the target's features: they ride in the request's first drafting forward.

@@ -32,8 +32,20 @@ class NgramProposer:
         self.device = torch.device(device)
 
     def propose(self, prefills: list[ScheduledSeq], decodes: list[ScheduledSeq], policy, view) -> Proposal:
-        found = [self.lookup(s.seq.token_ids, s.max_drafts) if s.max_drafts else [] for s in decodes]
+        found = [self.hit(s.seq, s.max_drafts) if s.max_drafts else [] for s in decodes]
         return lookup_proposal(found, policy, self.device)
+
+    def peek(self, seq, k: int) -> tuple[str, int]:
+        """(draft, most drafts it can offer) before planning: lookup offers its hit's length, nothing more."""
+        return NGRAM, len(self.hit(seq, k))
+
+    def hit(self, seq, k: int) -> list[int]:
+        """lookup() of the sequence's tokens, at most k long, remembered until it grows: the scheduler peeks
+        before the policy plans (at the ceiling) and the proposer drafts after it (at the planned length)."""
+        memo = seq.lookup_memo
+        if memo is None or memo[0] != len(seq.token_ids) or memo[1] < k:
+            memo = seq.lookup_memo = (len(seq.token_ids), k, self.lookup(seq.token_ids, k))
+        return memo[2][:k]
 
     def lookup(self, tokens: list[int], k: int) -> list[int]:
         arr = np.asarray(tokens)
@@ -84,7 +96,7 @@ class Drafter:
             if not s.max_drafts:
                 continue
             seq = s.seq
-            if self.lookup is not None and (hit := self.lookup.lookup(seq.token_ids, s.max_drafts)):
+            if self.lookup is not None and (hit := self.lookup.hit(seq, s.max_drafts)):
                 found[i] = hit
                 continue
             if features is not None:
@@ -127,6 +139,13 @@ class Drafter:
             items = [ForwardItem([], len(decodes[i].seq.token_ids) + step, decodes[i].seq.block_table, 1, 1)
                      for i in drafting]
         return proposal
+
+    def peek(self, seq, k: int) -> tuple[str, int]:
+        """(draft, most drafts it can offer) before planning: a lookup hit (free) where there is one, so the
+        policy prices it as prompt lookup and not as a model draft; the model otherwise."""
+        if self.lookup is not None and (hit := self.lookup.hit(seq, k)):
+            return NGRAM, len(hit)
+        return self.name, k
 
     def _one_hot_lookups(self, found: list[list[int]], sampled: list[int], k: int) -> torch.Tensor:
         """[S, K, V] q rows for the sampled requests: one-hot at each looked-up token, the rest filled by drafting."""
@@ -175,7 +194,7 @@ class DraftModelProposer:
 
     def __init__(self, drafter: Drafter):
         self.drafter = drafter
-        self.runner, self.lookup = drafter.runner, drafter.lookup
+        self.runner, self.lookup, self.peek = drafter.runner, drafter.lookup, drafter.peek
 
     def propose(self, prefills: list[ScheduledSeq], decodes: list[ScheduledSeq], policy, view) -> Proposal:
         return self.drafter.propose(decodes, policy, view, self._catch_up(prefills))

@@ -51,6 +51,9 @@ class RoutedProposer:
             seq.draft_index = self.choose(seq.token_ids[:seq.num_prompt_tokens])
         return seq.draft_index
 
+    def peek(self, seq, k: int) -> tuple[str, int]:
+        return self.proposers[self.route(seq)].peek(seq, k)
+
     def propose(self, prefills, decodes, policy, view) -> Proposal:
         n = len(decodes)
         k = max((s.max_drafts for s in decodes), default=0)

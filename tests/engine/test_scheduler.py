@@ -102,3 +102,18 @@ def test_max_model_len_also_bounds_drafts():
     sched.add(s)
     running(sched, s)
     assert [d.max_drafts for d in sched.schedule(Asks(8)).decodes] == [1]
+
+
+def test_the_proposer_is_asked_before_planning_what_it_would_draft_with():
+    """With a peek hook the policy sees, per request, the draft that will serve it this step and the most it
+    can offer (a prompt-lookup hit of 2 tokens), and the scheduler cuts the plan to that offer."""
+    offers = {"0": ("ngram", 2), "1": ("eagle", 4)}
+    sched = Scheduler(BlockManager(64, 4), max_num_seqs=8, max_num_batched_tokens=100, max_model_len=200,
+                      max_drafts=4, peek=lambda s, k: offers[s.request_id])
+    for i in range(2):
+        s = seq(i, 7, output=1)
+        sched.add(s)
+        running(sched, s)
+    policy = Asks(4, 4)
+    assert [s.max_drafts for s in sched.schedule(policy).decodes] == [2, 4]
+    assert [(r.draft, r.max_drafts) for r in policy.seen.requests] == [("ngram", 2), ("eagle", 4)]

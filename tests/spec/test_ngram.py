@@ -1,6 +1,8 @@
 """Table-driven cases for prompt lookup."""
 import pytest
 
+from specserve.engine.sampling_params import SamplingParams
+from specserve.engine.sequence import Sequence
 from specserve.spec.proposer import NgramProposer
 
 CASES = [
@@ -19,3 +21,19 @@ CASES = [
 @pytest.mark.parametrize("name,tokens,k,lo,hi,want", CASES, ids=[c[0] for c in CASES])
 def test_lookup(name, tokens, k, lo, hi, want):
     assert NgramProposer(lo, hi).lookup(tokens, k) == want
+
+
+def test_a_peeked_hit_is_what_the_proposer_drafts_and_is_looked_up_once_per_length():
+    """The scheduler peeks at the ceiling before planning; drafting at the planned length reuses that
+    hit (a prefix of it) until the sequence grows."""
+    proposer = NgramProposer(2, 2)
+    calls = []
+    lookup = proposer.lookup
+    proposer.lookup = lambda tokens, k: calls.append(k) or lookup(tokens, k)
+    s = Sequence("r", [1, 2, 3, 4, 5, 1, 2], SamplingParams(max_tokens=8, temperature=0), [0])
+    assert proposer.peek(s, 4) == ("ngram", 4)
+    assert proposer.hit(s, 2) == [3, 4] and calls == [4]
+    s.token_ids.append(3)
+    assert proposer.hit(s, 2) == [4, 5] and calls == [4, 2]
+    s.token_ids += [9, 9]
+    assert proposer.peek(s, 4) == ("ngram", 0)

@@ -1,4 +1,5 @@
 """Each policy's decisions on constructed batches, with cost curves and acceptance chosen by hand."""
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -184,3 +185,16 @@ def test_planned_takes_the_latency_models_best_k_for_the_measured_rate(monkeypat
     assert ks[0.1] >= 2 and ks[1.0] < ks[0.1]
     with pytest.raises(Exception, match="needs"):
         policy("planned", MEMORY_BOUND)
+
+
+def test_adaptive_prices_a_prompt_lookup_hit_as_free():
+    """A model draft whose forward costs as much as a decode does not pay at 75 % acceptance; the same
+    request offered a 3-token prompt-lookup hit ("ngram": no forward), accepted as often, drafts all of it."""
+    p = policy("adaptive", cost_model(lambda n: 0.010 + 0.001 * n, lambda r: 0.010), accepted=(3, 200))
+    for _ in range(200):
+        p.models.acceptance.observe(DraftOutcome("old", "ngram", K, 3, None))
+    p.models.acceptance.forget("old")
+    view = batch(1)
+    offered = BatchView([replace(r, draft="ngram", max_drafts=3) for r in view.requests], K, 512, 10_000, 0)
+    assert p.plan(view) == [0]
+    assert p.plan(offered) == [3]

@@ -14,9 +14,11 @@ The engine calls a policy at four points of a step (docs/design.md §3.4):
    outcomes via `DraftOutcome.outcomes`) and, if `wants_confidences`, the confidences; the step's
    measured phase times and token counts.
 
-The policy never has to clamp: the scheduler cuts every length to [0, max_drafts], to what the request
-can still commit (max_tokens, max_model_len), to the step's token budget and to the free KV slots, in that
-order, after `plan`. Draft confidences are computed only for policies that set `wants_confidences`
+The policy never has to clamp: the scheduler cuts every length to [0, max_drafts] and to what the
+proposer can offer (`RequestView.max_drafts`: a prompt-lookup hit's length), to what the request can
+still commit (max_tokens, max_model_len), to the step's token budget and to the free KV slots, in that
+order, after `plan`. `RequestView.draft` is the draft that will serve the request this step ("ngram"
+where prompt lookup found a hit: no draft forward to pay). Draft confidences are computed only for policies that set `wants_confidences`
 (or `stepwise`); a stepwise policy costs one device->host transfer per draft step.
 
 A new policy is one file: subclass Policy, decorate it with `@register("name")`, and select it with
