@@ -10,8 +10,8 @@ tightest TPOT SLO when the step cost model is known.
 The clamps, applied to whatever the policy asks, in order: at most the configured ceiling and what the
 proposer can offer (a prompt-lookup hit's length); no more than the request can still commit minus its
 own token (max_tokens, max_model_len); within the step's token budget (decodes in batch order); within
-the free KV slots. Drafts never preempt anyone: speculation is
-optional, a running request's next token is not.
+the free KV slots. Drafts never preempt anyone: speculation is optional, a running request's next
+token is not.
 """
 from __future__ import annotations
 

@@ -18,8 +18,9 @@ The policy never has to clamp: the scheduler cuts every length to [0, max_drafts
 proposer can offer (`RequestView.max_drafts`: a prompt-lookup hit's length), to what the request can
 still commit (max_tokens, max_model_len), to the step's token budget and to the free KV slots, in that
 order, after `plan`. `RequestView.draft` is the draft that will serve the request this step ("ngram"
-where prompt lookup found a hit: no draft forward to pay). Draft confidences are computed only for policies that set `wants_confidences`
-(or `stepwise`); a stepwise policy costs one device->host transfer per draft step.
+where prompt lookup found a hit: no draft forward to pay). Draft confidences are computed only for
+policies that set `wants_confidences` (or `stepwise`); a stepwise policy costs one device->host transfer
+per draft step.
 
 A new policy is one file: subclass Policy, decorate it with `@register("name")`, and select it with
 `"policy": "name"` in `--speculative-config` (its options go in `"policy_options"`). Worked example —
