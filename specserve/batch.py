@@ -64,6 +64,12 @@ class BatchView:
     pending_prefill: int = 0  # prompt tokens waiting to be prefilled, up to the token budget
     num_prefilling: int = 0   # admitted requests whose prompt is still being prefilled
 
+    def limits(self) -> list[int]:
+        """Per request, the most it may draft: the ceiling, its proposer's offer and what it can still commit
+        (the scheduler's per-request clamps; the step's token budget and KV slots come after)."""
+        return [max(0, min(self.max_drafts if r.max_drafts is None else r.max_drafts, r.tokens_left - 1))
+                for r in self.requests]
+
     @property
     def context_tokens(self) -> int:
         """KV tokens the decodes' attention reads."""

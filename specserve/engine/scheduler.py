@@ -103,10 +103,9 @@ class Scheduler:
         plan.view = self.batch_view(plan.decodes, budget)
         wanted = policy.plan(plan.view)
         used = 0
-        for s, want, req in zip(plan.decodes, wanted, plan.view.requests):
+        for s, want, most in zip(plan.decodes, wanted, plan.view.limits()):
             seq = s.seq
-            most = self.max_drafts if req.max_drafts is None else req.max_drafts
-            n = max(0, min(int(want), most, req.tokens_left - 1, budget - used))
+            n = max(0, min(int(want), most, budget - used))
             room = (len(seq.block_table) + self.blocks.num_free) * self.blocks.block_size - seq.num_computed - 1
             n = max(0, min(n, room))
             if n:

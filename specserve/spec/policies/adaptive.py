@@ -35,8 +35,7 @@ class Adaptive(Policy):
         acceptance = self.models.acceptance
         drafts = [r.draft for r in batch.requests]
         a = np.array([acceptance.predict(r.request_id, r.draft) for r in batch.requests])[:, :self.max_drafts]
-        limits = [max(0, min(self.max_drafts if r.max_drafts is None else r.max_drafts, r.tokens_left - 1))
-                  for r in batch.requests]
+        limits = [min(n, self.max_drafts) for n in batch.limits()]
         costs = self.models.step_costs(batch)
         slos = [r.slo_tpot for r in batch.requests]
         best = allocate(survival(a), drafts, limits, costs, tpot_slos=slos)
