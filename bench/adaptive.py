@@ -65,7 +65,7 @@ def build_engine(workload: str, threads: int):
 
 
 def use_policy(engine, label: str) -> None:
-    from specserve.spec.policies import make_policy
+    from specserve.spec_decode.policies import make_policy
     name, k, options = POLICIES[label]
     engine.policy = engine.executor.policy = make_policy(name, k, options, engine.models)
     engine.scheduler.max_drafts = k

@@ -18,7 +18,7 @@ import time
 from specserve.benchmark.prompts import load_dataset
 from specserve.engine.llm import LLM
 from specserve.engine.sampling_params import SamplingParams
-from specserve.server.cli import DEFAULT_SPECULATIVE
+from specserve.spec_decode.config import DEFAULT_SPECULATIVE
 
 
 def run(config: str, prompts: int, tokens: int) -> None:

@@ -27,8 +27,8 @@ import torch
 from specserve import LLM, SamplingParams
 from specserve.distill import evaluate
 from specserve.model.loader import load_model
-from specserve.spec.drafts import resolve_drafts
-from specserve.spec.setup import load_vocab_map, share_target_embedding
+from specserve.spec_decode.drafts import resolve_drafts
+from specserve.spec_decode.draft_loader import load_vocab_map, share_target_embedding
 
 TARGET = "smollm2-135m"
 

@@ -196,7 +196,7 @@ class Peer:
 def configurations(found: dict, systems: list[str], before: str | None = None) -> list[Peer]:
     """Every configuration of the selected systems; `before`: another specserve checkout, whose plain and
     default servers are added as before-off and before-default (the same commands on its code)."""
-    from specserve.server.cli import DEFAULT_SPECULATIVE
+    from specserve.spec_decode.config import DEFAULT_SPECULATIVE
 
     hf = str(found["hf"])
     peers: list[Peer] = []

@@ -16,7 +16,7 @@ Then the same k at batch 8 and 32 (all prompts submitted at once) to show how th
 
 Workload `mixed` interleaves the code and chat prompts (one engine serving both) and compares the drafts
 of --mixed-drafts on them: one shipped draft for all requests, or `default`, which drafts each request
-with the draft matching its prompt (spec/router.py) at the price of one draft forward per draft and
+with the draft matching its prompt (spec_decode/router.py) at the price of one draft forward per draft and
 drafting step when a batch holds both kinds.
 
     python bench/spec_decode.py [--draft code|chat|DIR] [--code-prompts 40] [--chat-prompts 80] [--ks 1,2,...]

@@ -1,5 +1,5 @@
 """The types one engine step passes between its parts: scheduler, speculation policy, proposers, runner and
-sampler. Both `engine/` and `spec/` import them from here, so neither imports the other's internals.
+sampler. Both `engine/` and `spec_decode/` import them from here, so neither imports the other's internals.
 
 A step in these terms (engine/llm_engine.py):
 
@@ -35,7 +35,7 @@ class ScheduledSeq:
     max_drafts: int = 0  # draft tokens this decode may carry (policy's choice after the scheduler's clamps)
 
 
-# ---- what a speculation policy sees and hears (spec/policies/) ----------------------------------------
+# ---- what a speculation policy sees and hears (spec_decode/policies/) ----------------------------------------
 
 @dataclass(slots=True, frozen=True)
 class RequestView:

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from specserve.errors import SpecServeError
 from specserve.model.registry import DEFAULT_MODEL
-from specserve.spec.config import SpeculativeConfig
+from specserve.spec_decode.config import SpeculativeConfig
 
 
 # Per-step token budget (max_num_batched_tokens) by use, as vLLM picks it: a server keeps steps short,

@@ -15,7 +15,7 @@ from specserve.batch import Proposal, ScheduledSeq
 from specserve.device_sync import to_host
 from specserve.model.kernels import argmax_rows
 from specserve.sampling import RowParams, process, to_probs  # noqa: F401  (to_probs: the processing API)
-from specserve.spec.rejection_sampler import PLACEHOLDER, rejection_sample
+from specserve.spec_decode.rejection_sampler import PLACEHOLDER, rejection_sample
 
 
 class Sampler:

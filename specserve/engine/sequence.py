@@ -62,8 +62,8 @@ class Sequence:
         self.num_computed = 0        # tokens whose target KV is in the cache
         self.num_draft_computed = 0  # tokens whose draft-model KV is in the cache
         self.proposer_state = None   # the proposer's own per-request data (EAGLE: target features to read)
-        self.draft_index = None      # which of several drafts serves this request (spec/router.py)
-        self.lookup_memo = None      # (length, k, hit): its prompt-lookup hit at that length (spec/proposer.py)
+        self.draft_index = None      # which of several drafts serves this request (spec_decode/router.py)
+        self.lookup_memo = None      # (length, k, hit): its prompt-lookup hit at that length (spec_decode/proposer.py)
         # Sampled requests draw from their own generator, on the device whose probabilities it samples.
         self.generator = None if params.greedy else make_generator(
             params.seed if params.seed is not None else int(torch.randint(2**62, ())), device)

@@ -4,7 +4,7 @@
                      -> EngineReplica x N (each the unchanged specserve app around its own AsyncLLMEngine)
 
 Files: settings.py (what a deployment is made of), args.py (the `serve` flags, argparse only), hints.py
-(what the router learns from a request body), policy.py (the latency-model-aware choice, pure Python),
+(what the router learns from a request body), replica_choice.py (the latency-model-aware choice, pure Python),
 coefficients.py (a fitted model file -> the numbers a replica exports), routers.py (Ray request routers),
 book.py (in-flight bookkeeping the routers and the ingress share), bridge.py (one ASGI request into the
 app), replica.py, ingress.py, prometheus_merge.py, app.py (the Ray application and the Serve config

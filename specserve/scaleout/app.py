@@ -43,11 +43,11 @@ def build_application(s: ScaleoutSettings):
 def app_builder(args: dict):
     """For `serve run` / `serve deploy` with `import_path: specserve.scaleout.app:app_builder`: `args` are
     the `specserve serve` flags as keys (model, replicas, num_threads, router, latency_model, ...)."""
-    from argparse import Namespace
-
-    from specserve.server.cli import speculative_choice
+    from specserve.model.registry import DEFAULT_MODEL
+    from specserve.spec_decode.config import speculative_choice
 
     s = ScaleoutSettings.from_dict(dict(args or {}))
     # The same speculative default as `specserve serve`: the shipped drafts with the default model.
-    s.engine["speculative_config"], _ = speculative_choice(Namespace(**s.engine))
+    s.engine["speculative_config"], _ = speculative_choice(s.engine.get("speculative_config"),
+                                                            s.engine.get("model", DEFAULT_MODEL))
     return build_application(s)

@@ -12,7 +12,7 @@ import time
 from collections import Counter, OrderedDict
 
 from specserve.scaleout.hints import RouteHints
-from specserve.scaleout.policy import Coefficients, ReplicaLoad, Running, SessionTable
+from specserve.scaleout.replica_choice import Coefficients, ReplicaLoad, Running, SessionTable
 
 MAX_REMEMBERED = 65536  # request keys remembered for retries (a retry comes within seconds)
 

@@ -8,7 +8,7 @@ are taken at full expert coverage, the load a busy replica is at.
 """
 from __future__ import annotations
 
-from specserve.scaleout.policy import Coefficients
+from specserve.scaleout.replica_choice import Coefficients
 
 
 def from_model_file(path: str, k: int) -> Coefficients:

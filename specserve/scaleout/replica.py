@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 from specserve.scaleout.bridge import call_asgi
 from specserve.scaleout.hints import RouteHints
-from specserve.scaleout.policy import UNFITTED, Coefficients
+from specserve.scaleout.replica_choice import UNFITTED, Coefficients
 from specserve.scaleout.settings import ScaleoutSettings
 
 log = logging.getLogger("specserve.scaleout")

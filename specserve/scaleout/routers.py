@@ -24,7 +24,7 @@ from ray.serve.request_router import PendingRequest, RequestRouter, RunningRepli
 
 from specserve.scaleout import book
 from specserve.scaleout.hints import RouteHints
-from specserve.scaleout.policy import ReplicaLoad, UNFITTED, Coefficients, rank, sticky_replica
+from specserve.scaleout.replica_choice import ReplicaLoad, UNFITTED, Coefficients, rank, sticky_replica
 
 
 def hints_of(pending_request: PendingRequest | None) -> RouteHints | None:
@@ -80,7 +80,7 @@ class _SpecserveRouting(RequestRouter):
 
 
 class LatencyAwareRouter(_SpecserveRouting):
-    """Every replica ranked by the request's predicted latency there (policy.py)."""
+    """Every replica ranked by the request's predicted latency there (replica_choice.py)."""
 
     def order(self, loads, hints):
         return [[replica] for _, replica in rank(loads, hints, time.monotonic())]

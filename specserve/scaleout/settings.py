@@ -74,7 +74,7 @@ class ScaleoutSettings:
     @property
     def speculative_k(self) -> int:
         """The draft length the replicas run (0 without speculation): which k of a fitted model applies."""
-        from specserve.spec.config import SpeculativeConfig
+        from specserve.spec_decode.config import SpeculativeConfig
         spec = SpeculativeConfig.parse(self.engine.get("speculative_config"))
         return 0 if spec is None else int(spec.num_speculative_tokens)
 

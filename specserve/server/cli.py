@@ -8,12 +8,8 @@ from specserve.engine.args import add_engine_args
 from specserve.engine.config import SERVER_MAX_NUM_BATCHED_TOKENS
 from specserve.scaleout.args import add_scaleout_args
 from specserve.server.limits import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_TIMEOUT_READ_S
+from specserve.spec_decode.config import speculative_choice
 
-# Prompt lookup where it finds a match, the shipped EAGLE draft elsewhere, each request's draft length
-# chosen every step by the adaptive policy, up to 4 (docs/design.md §3.4; bench/adaptive.py compares it
-# with fixed lengths under load).
-DEFAULT_SPECULATIVE = ('{"model": "default", "num_speculative_tokens": 4, "ngram_first": true, '
-                       '"policy": "adaptive"}')
 API_KEY_ENV = "SPECSERVE_API_KEY"
 
 
@@ -55,24 +51,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_serve)
 
 
-def speculative_choice(args) -> tuple[str | None, str]:
-    """The --speculative-config to use and why. Without one, the shipped drafts run if they are there, but
-    only with the default target: a draft must share the target's vocabulary."""
-    from specserve.engine.config import EngineConfig
-    from specserve.spec.drafts import SHIPPED, shipped_draft_dir
-
-    value = args.speculative_config
-    if value is not None:
-        if value.strip().lower() in ("none", "null", "off", ""):
-            return None, "speculative decoding off (--speculative-config none)"
-        return value, "speculative config from --speculative-config"
-    if args.model != EngineConfig().model:
-        return None, "speculative decoding off (no --speculative-config; the shipped drafts pair with the default model only)"
-    if all((shipped_draft_dir(name) / "config.json").exists() for name in SHIPPED):
-        return DEFAULT_SPECULATIVE, f"speculative decoding with the shipped drafts: {DEFAULT_SPECULATIVE}"
-    return None, "speculative decoding off (the shipped drafts are not installed; pass --speculative-config)"
-
-
 def _serve(args) -> int:
     import logging
 
@@ -95,7 +73,7 @@ def _serve(args) -> int:
     log = logging.getLogger("specserve.server")
     if args.replicas is not None:  # N engines on Ray Serve (specserve/scaleout/)
         from specserve.scaleout.launch import serve_replicas
-        args.speculative_config, why = speculative_choice(args)
+        args.speculative_config, why = speculative_choice(args.speculative_config, args.model)
         log.info(why)
         args.api_key = args.api_key or os.environ.get(API_KEY_ENV)
         return serve_replicas(args)
@@ -108,7 +86,7 @@ def _serve(args) -> int:
         from specserve.engine.async_engine import AsyncLLMEngine
         from specserve.server.app import build_app
 
-        args.speculative_config, why = speculative_choice(args)
+        args.speculative_config, why = speculative_choice(args.speculative_config, args.model)
         log.info(why)
         engine = AsyncLLMEngine(engine_config_from_args(args), stall_timeout=args.engine_stall_timeout,
                                 process=not args.engine_thread)

@@ -86,7 +86,7 @@ class ServerMetrics:
         for objective in ("ttft", "tpot"):
             for met in ("true", "false"):
                 self.slo.labels(model_name, objective, met)
-        # With several drafts routed per request (spec/router.py): each draft's share of the traffic and its
+        # With several drafts routed per request (spec_decode/router.py): each draft's share of the traffic and its
         # acceptance (1 + accepted / drafts), counted when a request finishes.
         self._routed = tuple(Counter(P + "spec_decode_draft_" + name, doc, m + ["draft"], registry=r) for name, doc in (
             ("requests", "Finished requests each draft served"),

@@ -10,7 +10,7 @@ from specserve.distill.evaluate import position_acceptance, teacher_forced_agree
 from specserve.distill.pipeline import run
 from specserve.errors import SpecServeError
 from specserve.model.loader import load_model
-from specserve.spec.setup import load_vocab_map, share_target_embedding
+from specserve.spec_decode.draft_loader import load_vocab_map, share_target_embedding
 from tests.distill.conftest import tiny_config
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
@@ -179,7 +179,7 @@ def test_reduced_vocabulary_draft_is_lossless_when_sampling(tiny_target, distill
     """T = 0.8, top-p 0.9 with the distilled 96-of-260-token draft (q = 0 outside its vocabulary, so every
     token outside it can only come from the recovered-token path): the first two generated tokens follow
     the exact target marginals."""
-    from tests.spec.test_speculative_engine import exact_marginals
+    from tests.spec_decode.test_speculative_engine import exact_marginals
     _, trained_dir, _, _ = distilled
     llm = LLM(model=str(tiny_target), dtype="float32", max_num_seqs=64,
               speculative_config={"model": str(trained_dir), "num_speculative_tokens": 3})

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from specserve.errors import SpecServeError
-from specserve.spec import drafts
+from specserve.spec_decode import drafts
 
 
 @pytest.mark.parametrize("name", drafts.SHIPPED)
@@ -40,7 +40,7 @@ def test_default_drafts_speculate_for_smollm2_each_on_its_own_prompts(smollm2_di
     a sequence (oneDNN picks kernels by row count), which can flip a near-tied argmax; see
     docs/experiments/engine-benchmarks.md, "Losslessness in float32 and bf16". On the code prompt that happened at the 7th token in bf16 with an earlier build."""
     from specserve import LLM, SamplingParams
-    from tests.spec.test_router import recording_routes
+    from tests.spec_decode.test_router import recording_routes
     monkeypatch.delenv(drafts.DEFAULT_ENV, raising=False)
     params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
     prompts = ["def fibonacci(n):\n    ", "Why do leaves change their colour in autumn? Explain it to a child."]

@@ -8,7 +8,7 @@ import torch
 
 from specserve import LLM, SamplingParams
 from specserve import device_sync
-from tests.spec.test_speculative_engine import prompts
+from tests.spec_decode.test_speculative_engine import prompts
 
 CONVERSIONS = ("tolist", "item", "__int__", "__float__", "__bool__", "__index__", "numpy")
 

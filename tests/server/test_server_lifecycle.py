@@ -1,5 +1,4 @@
 """Process-level behaviour: SIGTERM drains and exits 0, the default speculative choice, the real model."""
-import argparse
 import asyncio
 import json
 import signal
@@ -9,8 +8,8 @@ import httpx
 import openai
 import pytest
 
-from specserve.server import cli as server_cli
 from specserve.server.serving import SHUTDOWN_MESSAGE
+from specserve.spec_decode.config import speculative_choice
 from tests.server.conftest import ServerProcess, tiny_args
 
 
@@ -122,25 +121,25 @@ def test_a_taken_port_is_a_one_line_error(tiny_target, spec_server):
     assert p.returncode == 2 and p.stderr.startswith("error: cannot listen on 127.0.0.1:") and "Traceback" not in p.stderr
 
 
-def _args(model="smollm2-135m", spec=None):
-    return argparse.Namespace(model=model, speculative_config=spec)
+def _choice(model="smollm2-135m", spec=None):
+    return speculative_choice(spec, model)
 
 
 def test_default_speculative_config(monkeypatch, tmp_path):
-    import specserve.spec.drafts as drafts
+    import specserve.spec_decode.drafts as drafts
     monkeypatch.setattr(drafts, "shipped_draft_dir", lambda name: tmp_path / name)
-    assert server_cli.speculative_choice(_args())[0] is None  # no shipped draft yet: plain decoding
+    assert _choice()[0] is None  # no shipped draft yet: plain decoding
     (tmp_path / "chat").mkdir()
     (tmp_path / "chat" / "config.json").write_text("{}")
-    assert server_cli.speculative_choice(_args())[0] is None  # "default" routes between both: both needed
+    assert _choice()[0] is None  # "default" routes between both: both needed
     (tmp_path / "code").mkdir()
     (tmp_path / "code" / "config.json").write_text("{}")
-    assert json.loads(server_cli.speculative_choice(_args())[0]) == {"model": "default", "num_speculative_tokens": 4,
+    assert json.loads(_choice()[0]) == {"model": "default", "num_speculative_tokens": 4,
                                                                      "ngram_first": True, "policy": "adaptive"}
-    assert server_cli.speculative_choice(_args(model="/some/other/model"))[0] is None  # vocabularies differ
-    assert server_cli.speculative_choice(_args(spec="none"))[0] is None
+    assert _choice(model="/some/other/model")[0] is None  # vocabularies differ
+    assert _choice(spec="none")[0] is None
     given = '{"method": "ngram", "num_speculative_tokens": 2}'
-    assert server_cli.speculative_choice(_args(spec=given))[0] == given
+    assert _choice(spec=given)[0] == given
 
 
 @pytest.mark.slow

@@ -15,9 +15,9 @@ import torch
 from specserve.batch import BatchView, ForwardItem, Proposal, ScheduledSeq
 from specserve.device_sync import to_host
 from specserve.model.kernels import argmax_rows
+from specserve.spec_decode.config import NGRAM
 from specserve.sampling import RowParams, exponentials, process, race
 
-NGRAM = "ngram"  # the source name of prompt-lookup proposals
 
 
 class NgramProposer:

@@ -10,7 +10,7 @@ import time
 from collections import deque
 
 from specserve.errors import SpecServeError
-from specserve.spec.policies import Policy, register
+from specserve.spec_decode.policies.base import Policy, register
 
 
 @register("planned")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from specserve.batch import ScheduledSeq
-from specserve.spec.proposer import Drafter
+from specserve.spec_decode.proposer import Drafter
 
 
 @dataclass(slots=True)

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from specserve.spec.goodput import allocate, evaluate, survival
-from specserve.spec.policies import Policy, register
+from specserve.spec_decode.allocation import allocate, evaluate, survival
+from specserve.spec_decode.policies.base import Policy, register
 
 
 @register("adaptive")

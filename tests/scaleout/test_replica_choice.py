@@ -1,10 +1,10 @@
-"""The latency-model-aware choice (specserve/scaleout/policy.py): C1 + B·C2 with length-aware company."""
+"""The latency-model-aware choice (specserve/scaleout/replica_choice.py): C1 + B·C2 with length-aware company."""
 import random
 
 import pytest
 
 from specserve.scaleout.hints import RouteHints
-from specserve.scaleout.policy import (UNFITTED, Coefficients, ReplicaLoad, Running, SessionTable, company, predict,
+from specserve.scaleout.replica_choice import (UNFITTED, Coefficients, ReplicaLoad, Running, SessionTable, company, predict,
                                        rank, remaining_tokens, sticky_replica)
 
 NOW = 1000.0

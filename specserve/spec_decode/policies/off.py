@@ -1,7 +1,7 @@
 """`off`: no drafting at all, on the same engine as every other policy (the plain-decoding baseline)."""
 from __future__ import annotations
 
-from specserve.spec.policies import Policy, register
+from specserve.spec_decode.policies.base import Policy, register
 
 
 @register("off")

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from specserve.spec_decode.config import NGRAM
+
 
 @dataclass(slots=True)
 class StepCosts:
@@ -122,7 +124,7 @@ def _draft_increments(req, pos, drafts, k, costs) -> np.ndarray:
     """Extra draft seconds of each slot in order: the slot (i, j) adds a row to draft step j of request i's
     draft, costing t(r + 1) - t(r) where r rows were already there (t(0) = 0: a new draft step)."""
     names = sorted(costs.draft)  # a request no draft has served yet is costed as the first draft's
-    draft_of = np.array([names.index(d) if d in costs.draft else (0 if names and d != "ngram" else -1)
+    draft_of = np.array([names.index(d) if d in costs.draft else (0 if names and d != NGRAM else -1)
                          for d in drafts])[req]
     key = np.where(draft_of >= 0, draft_of * k + pos, -1)
     # occurrence number of each key so far (rows already in that draft step)

@@ -2,7 +2,7 @@
 sure of than `threshold` (SpecServe's confidence baseline, 0.6)."""
 from __future__ import annotations
 
-from specserve.spec.policies import Policy, register
+from specserve.spec_decode.policies.base import Policy, register
 
 
 @register("threshold")

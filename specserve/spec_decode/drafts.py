@@ -1,7 +1,7 @@
 """Draft models shipped with specserve (see specserve/drafts/) and how `"model"` names resolve.
 
 `"model": "code"` or `"model": "chat"` picks a shipped draft. `"model": "default"` loads both and drafts
-each request with the one whose vocabulary covers its prompt best (spec/router.py), so one server serves
+each request with the one whose vocabulary covers its prompt best (spec_decode/router.py), so one server serves
 code completion and chat each with its own draft; the environment variable SPECSERVE_DEFAULT_DRAFT (code
 or chat) pins "default" to one of them instead. A list of names or directories routes between those.
 """

@@ -5,7 +5,7 @@ tokens (the default halves the ceiling at 8 and 16 running requests and stops at
 from __future__ import annotations
 
 from specserve.errors import SpecServeError
-from specserve.spec.policies import Policy, register
+from specserve.spec_decode.policies.base import Policy, register
 
 
 @register("batch_table")

@@ -7,10 +7,10 @@ import pytest
 
 from specserve.batch import BatchView, DraftOutcome, RequestView
 from specserve.engine.sequence import SpecStats
-from specserve.spec.cost_model import KNOTS, StepCostModel, _fit
-from specserve.spec.goodput import evaluate, survival
-from specserve.spec.models import SpeculationModels
-from specserve.spec.policies import make_policy
+from specserve.spec_decode.cost_model import KNOTS, StepCostModel, _fit
+from specserve.spec_decode.allocation import evaluate, survival
+from specserve.spec_decode.predictors import SpeculationModels
+from specserve.spec_decode.policies import make_policy
 
 K = 4
 LATENCY_MODEL = Path(__file__).parents[2] / "bench" / "results" / "latency20" / "model.json"
@@ -171,7 +171,7 @@ def test_goodput_picks_one_batch_wide_k_from_load():
 
 
 def test_planned_takes_the_latency_models_best_k_for_the_measured_rate(monkeypatch):
-    import specserve.spec.policies.planned as planned
+    import specserve.spec_decode.policies.planned as planned
     p = policy("planned", MEMORY_BOUND, model=str(LATENCY_MODEL), window=10.0)
     now = [1000.0]
     monkeypatch.setattr(planned.time, "monotonic", lambda: now[0])

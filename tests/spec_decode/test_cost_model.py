@@ -3,7 +3,7 @@ profiles a real (tiny) model once per configuration."""
 import numpy as np
 import pytest
 
-from specserve.spec.cost_model import KNOTS, LinearCost, StepCostModel, _fit, features
+from specserve.spec_decode.cost_model import KNOTS, LinearCost, StepCostModel, _fit, features
 
 
 def truth(rows, kv):
@@ -126,6 +126,6 @@ def test_profile_of_a_tiny_model_is_cached(tiny_target, tiny_draft, tmp_path, mo
 
 def test_row_basis_table_equals_the_computed_basis():
     """Whole row counts come from a precomputed table; fractional or larger ones are computed: both agree."""
-    from specserve.spec import cost_model
+    from specserve.spec_decode import cost_model
     for rows in (np.arange(0, 5000), np.array([0, 1, 3, 4096]), 7, [2.5, 9000.0], np.array([4097, 10000])):
         assert np.array_equal(cost_model.row_basis(rows), cost_model._row_basis(rows))

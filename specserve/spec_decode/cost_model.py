@@ -21,6 +21,7 @@ import torch
 
 from specserve.batch import ForwardItem
 from specserve.cache import cache_dir
+from specserve.spec_decode.config import NGRAM
 
 log = logging.getLogger("specserve.cost")
 
@@ -150,7 +151,7 @@ class StepCostModel:
         """Seconds of one draft forward over `rows` rows (0 for prompt lookup, which runs no model)."""
         cost = self.drafts.get(draft) if draft is not None else None
         if cost is None:
-            cost = next(iter(self.drafts.values()), None) if draft != "ngram" else None
+            cost = next(iter(self.drafts.values()), None) if draft != NGRAM else None
         rows = np.atleast_1d(np.asarray(rows))
         if cost is None:
             return np.zeros(len(rows))

@@ -2,18 +2,7 @@
 from __future__ import annotations
 
 from specserve.errors import SpecServeError
-from specserve.spec.policies.base import Policy
-
-POLICIES: dict[str, type[Policy]] = {}
-
-
-def register(name: str):
-    """Class decorator: make a Policy subclass selectable as `"policy": name`."""
-    def add(cls: type[Policy]) -> type[Policy]:
-        cls.name = name
-        POLICIES[name] = cls
-        return cls
-    return add
+from specserve.spec_decode.policies.base import POLICIES, Policy, register
 
 
 def make_policy(name: str, max_drafts: int, options: dict | None = None, models=None) -> Policy:
@@ -29,7 +18,7 @@ def make_policy(name: str, max_drafts: int, options: dict | None = None, models=
 
 
 # The built-in policies register themselves on import.
-from specserve.spec.policies import (adaptive, batch_table, goodput, off, planned, static,  # noqa: E402,F401
-                                     threshold)
+from specserve.spec_decode.policies import (adaptive, batch_table, goodput, off, planned, static,  # noqa: E402,F401
+                                            threshold)
 
 __all__ = ["POLICIES", "Policy", "make_policy", "register"]

@@ -2,7 +2,7 @@
 import numpy as np
 
 from specserve.batch import DraftOutcome
-from specserve.spec.acceptance import AcceptanceModel, pav
+from specserve.spec_decode.acceptance_model import AcceptanceModel, pav
 
 
 def stream(model, rng, n, true_acceptance, draft="d", request=lambda i: f"r{i % 50}", k=4):

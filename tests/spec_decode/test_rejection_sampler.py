@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from specserve.spec import rejection_sampler
+from specserve.spec_decode import rejection_sampler
 
 V = 6
 

@@ -7,9 +7,9 @@ import pytest
 
 from specserve import LLM, SamplingParams
 from specserve.errors import SpecServeError
-from specserve.spec.cost_model import KNOTS, LinearCost, StepCostModel
-from specserve.spec.policies import POLICIES, Policy, register
-from tests.spec.test_speculative_engine import GREEDY, prompts
+from specserve.spec_decode.cost_model import KNOTS, LinearCost, StepCostModel
+from specserve.spec_decode.policies import POLICIES, Policy, register
+from tests.spec_decode.test_speculative_engine import GREEDY, prompts
 
 
 @register("test_alternating")
@@ -153,7 +153,7 @@ def cheap_drafts(llm) -> FixedCost:
 
 
 def test_sampled_output_follows_the_target_under_the_adaptive_policy(tiny_target, tiny_far_draft):
-    from tests.spec.test_speculative_engine import assert_follows, exact_marginals
+    from tests.spec_decode.test_speculative_engine import assert_follows, exact_marginals
     spec = {"model": str(tiny_far_draft), "num_speculative_tokens": 3, "policy": "adaptive"}
     llm = LLM(model=str(tiny_target), dtype="float32", speculative_config=spec, max_num_seqs=64)
     # A machine where drafting is cheap (a fixed cost model, not this machine's timings): the policy then

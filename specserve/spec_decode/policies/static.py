@@ -2,7 +2,7 @@
 only where fewer tokens can be committed or fit."""
 from __future__ import annotations
 
-from specserve.spec.policies import Policy, register
+from specserve.spec_decode.policies.base import Policy, register
 
 
 @register("static")

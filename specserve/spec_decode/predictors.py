@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 
 from specserve.batch import BatchView, StepFeedback
-from specserve.spec.acceptance import AcceptanceModel
-from specserve.spec.cost_model import StepCostModel
-from specserve.spec.goodput import StepCosts
+from specserve.spec_decode.acceptance_model import AcceptanceModel
+from specserve.spec_decode.cost_model import StepCostModel
+from specserve.spec_decode.allocation import StepCosts
 
 
 class SpeculationModels:

@@ -5,8 +5,8 @@ import torch
 
 from specserve import LLM, SamplingParams
 from specserve.errors import SpecServeError
-from specserve.spec.eagle import EagleProposer
-from tests.spec.test_speculative_engine import prompts
+from specserve.spec_decode.eagle import EagleProposer
+from tests.spec_decode.test_speculative_engine import prompts
 
 
 @pytest.mark.parametrize("small_kv", [False, True])

@@ -8,8 +8,8 @@ import dataclasses
 
 import numpy as np
 
-from specserve.spec.goodput import evaluate
-from specserve.spec.policies import Policy, register
+from specserve.spec_decode.allocation import evaluate
+from specserve.spec_decode.policies.base import Policy, register
 
 
 @register("goodput")

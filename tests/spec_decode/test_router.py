@@ -1,4 +1,4 @@
-"""Several drafts in one engine (spec/router.py): each request is drafted by the draft whose kept
+"""Several drafts in one engine (spec_decode/router.py): each request is drafted by the draft whose kept
 vocabulary covers its prompt best, and speculative decoding stays lossless with both in one batch."""
 import random
 
@@ -9,8 +9,8 @@ from specserve.benchmark.metrics import spec_totals
 from specserve.engine.async_engine import AsyncLLMEngine
 from specserve.errors import SpecServeError
 from specserve.server.metrics import ServerMetrics
-from specserve.spec.router import RoutedProposer
-from tests.spec.test_speculative_engine import GREEDY, assert_follows, exact_marginals
+from specserve.spec_decode.router import RoutedProposer
+from tests.spec_decode.test_speculative_engine import GREEDY, assert_follows, exact_marginals
 from tests.tiny_models import make_tiny_eagle
 
 LOW = list(range(160)) + [258, 259]  # kept tokens of the "low" draft (byte ids 0..159, BOS, EOS)

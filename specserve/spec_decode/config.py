@@ -10,15 +10,22 @@
                                       --method eagle`); "draft_model" with such a directory works too
     {"model": ["code", "chat"], "num_speculative_tokens": 4}
                                       several reduced-vocabulary drafts: each request is drafted by the
-                                      one whose vocabulary covers its prompt best (spec/router.py);
+                                      one whose vocabulary covers its prompt best (spec_decode/router.py);
                                       "default" is every shipped draft this way
 
 A draft model can be quantized at load, as the target can: `"quantization": "q8_0"` (or q4_0, q4_1; the
 CPU kernels read the blocks, elsewhere the dequantized values run).
 
-Any of them takes `"policy"`: how many tokens each request drafts each step (spec/policies/; default
-"static", always num_speculative_tokens, which is then the ceiling for every other policy), with the
-policy's own settings in `"policy_options"`. `none` (or an empty string) switches speculation off.
+Any of them takes `"policy"`: how many tokens each request drafts each step (spec_decode/policies/), with
+the policy's own settings in `"policy_options"`. `none` (or an empty string) switches speculation off.
+
+Two defaults, on purpose:
+- a config that names no policy gets `static` (always num_speculative_tokens, which is the ceiling for
+  every other policy): what vLLM does with the same config, and no startup profile of the step cost;
+- `specserve serve` without `--speculative-config` runs DEFAULT_SPECULATIVE (`speculative_choice`): the
+  shipped drafts under the `adaptive` policy, which chooses each request's length every step from the
+  measured step cost and acceptance, so that speculation pays at batch 1 and backs off under load
+  (docs/design.md §3.4). The server pays its startup profile once; a library user asks for it by name.
 """
 from __future__ import annotations
 
@@ -27,7 +34,12 @@ from dataclasses import dataclass, fields
 
 from specserve.errors import SpecServeError
 
-METHODS = ("draft_model", "eagle", "ngram")
+NGRAM = "ngram"  # the method, and the source name of prompt-lookup proposals (priced as a free draft)
+METHODS = ("draft_model", "eagle", NGRAM)
+# The server's default: prompt lookup where it finds a match, the shipped EAGLE drafts elsewhere, each
+# request's draft length chosen every step by the adaptive policy, up to 4.
+DEFAULT_SPECULATIVE = ('{"model": "default", "num_speculative_tokens": 4, "ngram_first": true, '
+                       '"policy": "adaptive"}')
 DRAFT_QUANTIZATIONS = ("q8_0", "q4_0", "q4_1")  # model/quantize.py's at-load formats (CPU kernels)
 MAX_SPECULATIVE_TOKENS = 16  # verify queries stay in the "short" attention group (attention.SHORT_QUERY_MAX)
 
@@ -42,7 +54,7 @@ class SpeculativeConfig:
     draft_dtype: str | None = None  # default: the target's dtype
     quantization: str | None = None  # the drafts' weights: None dense; "q8_0", "q4_0", "q4_1" quantized at load
     ngram_first: bool = False  # draft model only: try prompt lookup first, draft where it finds nothing
-    policy: str = "static"  # spec/policies/: how many tokens each request drafts, step by step
+    policy: str = "static"  # spec_decode/policies/: how many tokens each request drafts, step by step
     policy_options: dict | None = None
 
     def __post_init__(self):
@@ -60,7 +72,7 @@ class SpeculativeConfig:
                                  'or "method": "ngram"')
         if not isinstance(self.ngram_first, bool):
             raise SpecServeError(f"ngram_first must be true or false, got {self.ngram_first!r}")
-        if self.ngram_first and self.method == "ngram":
+        if self.ngram_first and self.method == NGRAM:
             raise SpecServeError('"ngram_first" combines prompt lookup with a draft model: it needs "model"')
         if not isinstance(self.policy, str) or not self.policy:
             raise SpecServeError(f'"policy" must be a policy name, got {self.policy!r}')
@@ -69,7 +81,7 @@ class SpeculativeConfig:
         if self.quantization is not None and self.quantization not in DRAFT_QUANTIZATIONS:
             raise SpecServeError(f'"quantization" of the drafts must be one of {", ".join(DRAFT_QUANTIZATIONS)} '
                                  f"(or absent: dense), got {self.quantization!r}")
-        uses_lookup = self.method == "ngram" or self.ngram_first
+        uses_lookup = self.method == NGRAM or self.ngram_first
         if uses_lookup and not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
             raise SpecServeError("need 1 <= prompt_lookup_min <= prompt_lookup_max")
 
@@ -94,3 +106,21 @@ class SpeculativeConfig:
         if unknown:
             raise SpecServeError(f"unknown speculative config keys: {', '.join(sorted(unknown))}")
         return cls(**value)
+
+
+def speculative_choice(value: str | None, model: str) -> tuple[str | None, str]:
+    """The speculative config a server of `model` runs, given its --speculative-config `value`, and why.
+    Without one, the shipped drafts run if they are installed, but only with the default target: a draft
+    must share the target's vocabulary."""
+    from specserve.model.registry import DEFAULT_MODEL
+    from specserve.spec_decode.drafts import SHIPPED, shipped_draft_dir
+
+    if value is not None:
+        if value.strip().lower() in ("none", "null", "off", ""):
+            return None, "speculative decoding off (--speculative-config none)"
+        return value, "speculative config from --speculative-config"
+    if model != DEFAULT_MODEL:
+        return None, "speculative decoding off (no --speculative-config; the shipped drafts pair with the default model only)"
+    if all((shipped_draft_dir(name) / "config.json").exists() for name in SHIPPED):
+        return DEFAULT_SPECULATIVE, f"speculative decoding with the shipped drafts: {DEFAULT_SPECULATIVE}"
+    return None, "speculative decoding off (the shipped drafts are not installed; pass --speculative-config)"

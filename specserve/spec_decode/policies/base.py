@@ -26,7 +26,7 @@ A new policy is one file: subclass Policy, decorate it with `@register("name")`,
 `"policy": "name"` in `--speculative-config` (its options go in `"policy_options"`). Worked example —
 draft long only while the batch is small, since each drafted token costs more as the batch grows:
 
-    from specserve.spec.policies import Policy, register
+    from specserve.spec_decode.policies import Policy, register
 
     @register("small_batch")
     class SmallBatch(Policy):
@@ -50,7 +50,7 @@ class Policy:
     wants_confidences = False  # compute draft confidences and hand them to observe()
     stepwise = False           # call keep_drafting() after each draft step and trim() after drafting
     uses_cost_model = False    # the engine profiles the step cost model at startup for it
-    models = None              # the engine's SpeculationModels (spec/models.py): step cost, acceptance
+    models = None              # the engine's SpeculationModels (spec_decode/predictors.py): step cost, acceptance
 
     def __init__(self, max_drafts: int):
         self.max_drafts = max_drafts
@@ -66,3 +66,15 @@ class Policy:
 
     def observe(self, feedback: StepFeedback) -> None:
         pass
+
+
+POLICIES: dict[str, type[Policy]] = {}  # name -> class, filled by @register
+
+
+def register(name: str):
+    """Class decorator: make a Policy subclass selectable as `"policy": name`."""
+    def add(cls: type[Policy]) -> type[Policy]:
+        cls.name = name
+        POLICIES[name] = cls
+        return cls
+    return add

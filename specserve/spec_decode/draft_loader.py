@@ -7,17 +7,17 @@ import torch
 
 from specserve.errors import SpecServeError
 from specserve.model.loader import LoadedModel, load_model
-from specserve.spec.config import SpeculativeConfig
-from specserve.spec.eagle import EagleProposer
-from specserve.spec.proposer import DraftModelProposer, Drafter, NgramProposer
-from specserve.spec.router import RoutedProposer
+from specserve.spec_decode.config import NGRAM, SpeculativeConfig
+from specserve.spec_decode.eagle import EagleProposer
+from specserve.spec_decode.proposer import DraftModelProposer, Drafter, NgramProposer
+from specserve.spec_decode.router import RoutedProposer
 
 
 def load_drafts(spec: SpeculativeConfig, target: LoadedModel, config) -> list[LoadedModel]:
     """The draft models `spec` names (none for n-gram lookup; several are routed per request)."""
-    if spec.method == "ngram":
+    if spec.method == NGRAM:
         return []
-    from specserve.spec.drafts import resolve_drafts
+    from specserve.spec_decode.drafts import resolve_drafts
     return [load_draft(name, spec, target, config) for name in resolve_drafts(spec.model)]
 
 
@@ -67,7 +67,7 @@ def build_proposer(spec: SpeculativeConfig, drafts: list[LoadedModel], target: L
                    names: list[str] | None = None):
     """make_runner(model) -> the runner that drafts with `model` over the engine's block tables."""
     device = target.model.embed_tokens.weight.device
-    if spec.method == "ngram":
+    if spec.method == NGRAM:
         return NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max, device)
     names = names or draft_names(drafts)
     if len(drafts) > 1:
