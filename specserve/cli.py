@@ -46,7 +46,31 @@ def build_parser() -> argparse.ArgumentParser:
                 continue
             raise
         module.register(subparsers)
+    show_defaults(parser)
     return parser
+
+
+def show_defaults(parser: argparse.ArgumentParser) -> None:
+    """Make every option's help name its default: help that does not say "default" gets "(default: X)"
+    appended, in every subcommand, so that a new option cannot forget it. Flags (on or off) are off."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                show_defaults(sub)
+        elif (action.option_strings and action.nargs != 0 and not action.required
+              and action.default is not argparse.SUPPRESS and "default" not in (action.help or "").lower()):
+            shown = _shown(action.default).replace("%", "%%")  # help is a %-format string
+            action.help = f"{action.help or ''} (default: {shown})".lstrip()
+
+
+def _shown(value) -> str:
+    if value is None or value == [] or value == ():
+        return "none"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(map(str, value))
+    return str(value)
 
 
 def main(argv: list[str] | None = None) -> int:

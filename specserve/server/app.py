@@ -3,6 +3,7 @@ queue limit and drain gate."""
 from __future__ import annotations
 
 import hmac
+import logging
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -12,10 +13,10 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from specserve.engine.async_engine import AsyncLLMEngine
-from specserve.server import limits
+from specserve.server import generation_config, limits
 from specserve.server.errors import APIError, error_response, install_error_handlers
 from specserve.server.metrics import ServerMetrics
-from specserve.server.protocol import ChatCompletionRequest, CompletionRequest
+from specserve.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingDefaults
 from specserve.server.serving import Serving
 
 GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
@@ -95,9 +96,14 @@ class _Gate:
 
 def build_app(engine: AsyncLLMEngine, served_model_names: str | list[str], api_key: str | None = None,
               max_queue: int | None = None, max_request_bytes: int = limits.DEFAULT_MAX_REQUEST_BYTES,
-              timeout_read: float = limits.DEFAULT_TIMEOUT_READ_S) -> FastAPI:
+              timeout_read: float = limits.DEFAULT_TIMEOUT_READ_S,
+              sampling_defaults: SamplingDefaults | None = None) -> FastAPI:
     """`max_queue`: requests allowed to wait beyond the `max_num_seqs` that run; more get 429 (None: no limit).
-    `max_request_bytes`: larger bodies get 413. `timeout_read`: seconds a body may take to arrive (408)."""
+    `max_request_bytes`: larger bodies get 413. `timeout_read`: seconds a body may take to arrive (408).
+    `sampling_defaults`: for fields a request omits; None: the model's own (--generation-config auto)."""
+    if sampling_defaults is None:
+        sampling_defaults, why = generation_config.resolve("auto", engine.info.config.model)
+        logging.getLogger("specserve.server").info(why)
     names = [served_model_names] if isinstance(served_model_names, str) else list(served_model_names)
     state = ServingState()
     metrics = ServerMetrics(engine, names[0])
@@ -112,7 +118,7 @@ def build_app(engine: AsyncLLMEngine, served_model_names: str | list[str], api_k
             raise APIError(429, f"the server's queue is full ({capacity} requests in flight); retry later",
                            code="queue_full")
 
-    serving = Serving(engine, names, admit, state.active)
+    serving = Serving(engine, names, admit, state.active, sampling_defaults)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -20,10 +20,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "/metrics), with speculative decoding by the shipped drafts unless told otherwise.",
         epilog="example: specserve serve --port 8000   (then: curl http://127.0.0.1:8000/v1/models); "
                "plain decoding: --speculative-config none")
-    add_engine_args(p, SERVER_MAX_NUM_BATCHED_TOKENS)
+    add_engine_args(p, SERVER_MAX_NUM_BATCHED_TOKENS,
+                    speculative_default="with the default model, prompt lookup and the shipped drafts, lengths "
+                                        "chosen per request by load; with another, none")
     g = p.add_argument_group("server")
-    g.add_argument("--host", default="127.0.0.1")
-    g.add_argument("--port", type=int, default=8000, help="0 picks a free port (the startup line names it)")
+    g.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on, 0.0.0.0 for every interface (default: %(default)s)")
+    g.add_argument("--port", type=int, default=8000,
+                   help="0 picks a free port (the startup line names it) (default: %(default)s)")
+    g.add_argument("--generation-config", default="auto", metavar="auto|vllm|FOLDER",
+                   help="sampling defaults (temperature, top_p, top_k, max_new_tokens) of requests that omit "
+                        "them: auto: the model's generation_config.json, or its model card's for an alias; "
+                        "vllm: the server's own (temperature 1, top_p 1); FOLDER: that folder's "
+                        "generation_config.json (default: %(default)s)")
     g.add_argument("--api-key", default=None,
                    help=f"require `Authorization: Bearer KEY` on /v1 (default: ${API_KEY_ENV}, else no key)")
     g.add_argument("--served-model-name", nargs="+", default=None,
@@ -31,19 +40,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--max-queue", type=int, default=None,
                    help="requests allowed to wait beyond --max-num-seqs; more get 429 (default: no limit)")
     g.add_argument("--drain-timeout", type=float, default=30.0,
-                   help="seconds to let in-flight requests finish after SIGTERM (default 30)")
+                   help="seconds to let in-flight requests finish after SIGTERM (default: %(default)s)")
     g.add_argument("--disable-access-log", action="store_true", help="no per-request log lines")
     g.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
-                   help="larger request bodies get 413 (default 4 MiB)")
+                   help="larger request bodies get 413 (default: %(default)s, 4 MiB)")
     g.add_argument("--timeout-read", type=float, default=DEFAULT_TIMEOUT_READ_S,
                    help="seconds a request's headers may take to arrive (after the connection opens or the "
                         "previous response ends; then the connection is closed), and its body after them "
-                        "(then 408) (default 15)")
+                        "(then 408) (default: %(default)s)")
     g.add_argument("--timeout-keep-alive", type=float, default=5.0,
-                   help="seconds an idle keep-alive connection stays open (default 5)")
+                   help="seconds an idle keep-alive connection stays open (default: %(default)s)")
     g.add_argument("--engine-stall-timeout", type=float, default=60.0,
                    help="/health answers 503 when the engine loop has died or one of its steps has run this "
-                        "many seconds (default 60)")
+                        "many seconds (default: %(default)s)")
     g.add_argument("--engine-thread", action="store_true",
                    help="run the engine on a thread of the server process instead of a process of its own "
                         "(the HTTP side then competes with the step loop for the GIL and the cores)")
@@ -72,6 +81,9 @@ def _serve(args) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
     log = logging.getLogger("specserve.server")
     if args.replicas is not None:  # N engines on Ray Serve (specserve/scaleout/)
+        if args.generation_config != "auto":  # each replica's app resolves its model's own (app.build_app)
+            raise SpecServeError(f"--generation-config {args.generation_config} does not reach --replicas yet: "
+                                 "each replica applies its model's own sampling defaults (auto)")
         from specserve.scaleout.launch import serve_replicas
         args.speculative_config, why = speculative_choice(args.speculative_config, args.model)
         log.info(why)
@@ -85,13 +97,17 @@ def _serve(args) -> int:
         from specserve.engine.args import engine_config_from_args
         from specserve.engine.async_engine import AsyncLLMEngine
         from specserve.server.app import build_app
+        from specserve.server.generation_config import resolve
 
         args.speculative_config, why = speculative_choice(args.speculative_config, args.model)
+        log.info(why)
+        sampling_defaults, why = resolve(args.generation_config, args.model)  # a bad folder fails before loading
         log.info(why)
         engine = AsyncLLMEngine(engine_config_from_args(args), stall_timeout=args.engine_stall_timeout,
                                 process=not args.engine_thread)
         app = build_app(engine, args.served_model_name or [args.model], args.api_key or os.environ.get(API_KEY_ENV),
-                        args.max_queue, max_request_bytes=args.max_request_bytes, timeout_read=args.timeout_read)
+                        args.max_queue, max_request_bytes=args.max_request_bytes, timeout_read=args.timeout_read,
+                        sampling_defaults=sampling_defaults)
         launch.run(app, engine, sock, args.drain_timeout, access_log=not args.disable_access_log,
                    timeout_keep_alive=args.timeout_keep_alive, timeout_read=args.timeout_read)
     finally:

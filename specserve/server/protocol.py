@@ -10,6 +10,7 @@ Unicode: a lone surrogate (JSON allows "\\ud800") cannot be tokenized and is ref
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -17,6 +18,7 @@ from pydantic_core import PydanticCustomError
 
 from specserve.engine.sampling_params import SamplingParams
 from specserve.engine.seeding import SEED_MAX, SEED_MIN
+from specserve.errors import InvalidRequestError
 from specserve.server.errors import APIError
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for the legacy completions API
@@ -25,6 +27,10 @@ MAX_STOP_STRINGS = 64  # each is searched for after every token: a long list wou
 CHAT_ROLES = ("system", "developer", "user", "assistant")
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _first(*values):
+    return next(v for v in values if v is not None)
 
 
 def _unset(value) -> bool:
@@ -71,6 +77,33 @@ def _find_surrogate(value, path: str) -> str | None:
             if found:
                 return found
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingDefaults:
+    """What a request that omits a field gets instead of the server's own default (None: no change), e.g.
+    the model's generation_config.json (server/generation_config.py finds them)."""
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    max_tokens: int | None = None  # max_new_tokens: caps the limit of a request that sets none
+
+    def check(self) -> None:
+        """Raises InvalidRequestError for a value no request could send."""
+        if self.temperature is not None and not 0 <= self.temperature <= MAX_TEMPERATURE:
+            raise InvalidRequestError(f"temperature must be in [0, {MAX_TEMPERATURE:g}], got {self.temperature}")
+        for name in ("top_k", "max_tokens"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise InvalidRequestError(f"{name} must be an integer, got {value!r}")
+        SamplingParams(max_tokens=_first(self.max_tokens, 1), temperature=_first(self.temperature, 0),
+                       top_p=_first(self.top_p, 1.0), top_k=_first(self.top_k, -1))
+
+    def limit(self, api_default: int) -> int:
+        return api_default if self.max_tokens is None else min(api_default, self.max_tokens)
+
+
+SERVER_DEFAULTS = SamplingDefaults()
 
 
 class _Open(BaseModel):
@@ -165,13 +198,14 @@ class _SamplingRequest(_Open):
             if name in harmless and not harmless[name](value):
                 raise APIError(400, f"{name} is not supported by this server (omit it, or send its default)", name)
 
-    def sampling_params(self, max_tokens: int, logprobs: bool) -> SamplingParams:
-        """Raises InvalidRequestError (a 400) for values out of range."""
+    def sampling_params(self, max_tokens: int, logprobs: bool, defaults: SamplingDefaults) -> SamplingParams:
+        """Raises InvalidRequestError (a 400) for values out of range. A field the request omits takes
+        `defaults`' value, else the server's own (OpenAI's)."""
         return SamplingParams(
             max_tokens=max_tokens,
-            temperature=1.0 if self.temperature is None else self.temperature,  # OpenAI's default
-            top_p=1.0 if self.top_p is None else self.top_p,
-            top_k=-1 if self.top_k is None else self.top_k,
+            temperature=_first(self.temperature, defaults.temperature, 1.0),
+            top_p=_first(self.top_p, defaults.top_p, 1.0),
+            top_k=_first(self.top_k, defaults.top_k, -1),
             seed=self.seed, stop=self.stop or [], stop_token_ids=self.stop_token_ids or [],
             ignore_eos=bool(self.ignore_eos), min_tokens=self.min_tokens or 0, logprobs=logprobs,
             skip_special_tokens=self.skip_special_tokens is not False,
@@ -208,9 +242,9 @@ class CompletionRequest(_SamplingRequest):
             raise APIError(400, "the prompt is empty", "prompt")
         return p
 
-    def to_sampling_params(self) -> SamplingParams:
-        max_tokens = COMPLETION_DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens
-        return self.sampling_params(max_tokens, self.logprobs is not None)
+    def to_sampling_params(self, defaults: SamplingDefaults = SERVER_DEFAULTS) -> SamplingParams:
+        max_tokens = defaults.limit(COMPLETION_DEFAULT_MAX_TOKENS) if self.max_tokens is None else self.max_tokens
+        return self.sampling_params(max_tokens, self.logprobs is not None, defaults)
 
 
 class ChatCompletionRequest(_SamplingRequest):
@@ -250,7 +284,8 @@ class ChatCompletionRequest(_SamplingRequest):
     def template_messages(self) -> list[dict]:
         return [m.as_template_input() for m in self.messages]
 
-    def to_sampling_params(self, prompt_len: int, max_model_len: int) -> SamplingParams:
+    def to_sampling_params(self, prompt_len: int, max_model_len: int,
+                           defaults: SamplingDefaults = SERVER_DEFAULTS) -> SamplingParams:
         """Without a limit a chat reply may use the rest of the context, as in OpenAI's API and vLLM."""
         limit = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
         if limit is None:
@@ -258,5 +293,5 @@ class ChatCompletionRequest(_SamplingRequest):
                 raise APIError(400, f"This model's maximum context length is {max_model_len} tokens. However, "
                                     f"your messages resulted in {prompt_len} tokens. Please reduce the length "
                                     "of the messages.", "messages")
-            limit = max_model_len - prompt_len
-        return self.sampling_params(limit, bool(self.logprobs))
+            limit = defaults.limit(max_model_len - prompt_len)
+        return self.sampling_params(limit, bool(self.logprobs), defaults)

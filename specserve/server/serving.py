@@ -23,7 +23,7 @@ from specserve.engine.outputs import RequestOutput
 from specserve.errors import SpecServeError
 from specserve.server import limits
 from specserve.server.errors import APIError, error_body, from_exception
-from specserve.server.protocol import ChatCompletionRequest, CompletionRequest
+from specserve.server.protocol import SERVER_DEFAULTS, ChatCompletionRequest, CompletionRequest, SamplingDefaults
 
 
 SHUTDOWN_MESSAGE = "the server shut down before this request finished"
@@ -92,8 +92,10 @@ def _render_chat(tokenizer, messages: list[dict], add_generation_prompt: bool) -
 
 
 class Serving:
-    def __init__(self, engine: AsyncLLMEngine, model_names: list[str], admit, active: set[str]):
+    def __init__(self, engine: AsyncLLMEngine, model_names: list[str], admit, active: set[str],
+                 sampling_defaults: SamplingDefaults = SERVER_DEFAULTS):
         self.engine = engine
+        self.sampling_defaults = sampling_defaults  # for fields a request omits (generation_config.py)
         self.model_names = model_names
         self.admit = admit  # raises APIError(429) when the queue is full
         self.active = active  # ids of requests in the engine, for a shutdown that has to abort them
@@ -108,7 +110,7 @@ class Serving:
     async def completion(self, req: CompletionRequest, raw: Request) -> Response:
         self.check_model(req.model)
         req.check_supported()
-        params = req.to_sampling_params()
+        params = req.to_sampling_params(self.sampling_defaults)
         prompt = req.single_prompt()
         self.admit()
         if isinstance(prompt, str):
@@ -127,7 +129,7 @@ class Serving:
         limit = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         self.bound.check(text, limit, "messages")
         ids = await limits.encode(tok, text, add_special_tokens=False)
-        params = req.to_sampling_params(len(ids), self.max_model_len)
+        params = req.to_sampling_params(len(ids), self.max_model_len, self.sampling_defaults)
         ids = self.engine.prepare(ids, params)
         return await self._run(_Format(True, tok), req, ids, params, raw)
 
