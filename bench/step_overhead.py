@@ -1,7 +1,7 @@
 """Host-side work per engine step: the time a step spends outside the models' forwards, and how many
 tensor -> Python reads it makes (each one a device->host synchronisation on a GPU), at 1 and 32 running
 requests, with plain decoding and with speculation; and the speculation policy's own time (the
-controller: plan, keep_drafting, trim, observe), e.g. the adaptive policy's (`--configs adaptive`).
+controller: plan and observe), e.g. the adaptive policy's (`--configs adaptive`).
 
     python bench/step_overhead.py --label after                      # this checkout
     PYTHONPATH=/path/to/old/checkout python bench/step_overhead.py --label before
@@ -24,7 +24,7 @@ OUT = Path(__file__).parent / "results" / "step_overhead"
 CONFIGS = {"plain": None,
            "spec": '{"model": "default", "num_speculative_tokens": 3, "ngram_first": true}',
            "adaptive": '{"model": "default", "num_speculative_tokens": 3, "ngram_first": true, "policy": "adaptive"}'}
-POLICY_METHODS = ("plan", "keep_drafting", "trim", "observe")
+POLICY_METHODS = ("plan", "observe")
 CONVERSIONS = ("tolist", "item", "__int__", "__float__", "__bool__", "__index__", "numpy")
 
 

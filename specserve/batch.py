@@ -5,13 +5,16 @@ A step in these terms (engine/llm_engine.py):
 
     plan = scheduler.schedule(policy)     # StepPlan: decodes (with draft budgets) and prefill chunks
     result = executor.execute(plan)       # StepResult: committed tokens per sampling row, phase times
-    scheduler.update(plan, result)        # commit tokens, finish requests, release KV
+    verdicts = outputs.check(...)         # detokenize, find stops (engine/output_processor.py)
+    scheduler.update(plan, result, verdicts)   # commit tokens, finish requests, release KV
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import torch
+
+from specserve.engine.sequence import Sequence, SpecStats
 
 
 @dataclass(slots=True)
@@ -30,7 +33,7 @@ class ForwardItem:
 
 @dataclass(slots=True)
 class ScheduledSeq:
-    seq: object          # engine.sequence.Sequence
+    seq: Sequence
     num_tokens: int      # target tokens fed this step (prefill chunk length, or 1 for a decode)
     max_drafts: int = 0  # draft tokens this decode may carry (policy's choice after the scheduler's clamps)
 
@@ -44,7 +47,7 @@ class RequestView:
     context_len: int     # tokens in the sequence so far (prompt + output)
     tokens_left: int     # tokens it may still commit (max_tokens and max_model_len); drafts beyond
                          # tokens_left - 1 are cut by the scheduler anyway
-    spec: object         # its live SpecStats (drafts, accepted, accepted per position): do not mutate
+    spec: SpecStats      # its live speculation counters (drafts, accepted, per position, last length): read only
     draft: str | None    # the draft that would serve it this step (a draft's name; "ngram": a prompt-lookup
                          # hit, which costs no draft forward)
     greedy: bool
@@ -145,7 +148,7 @@ class StepPlan:
     """What the scheduler decided for one step."""
     decodes: list[ScheduledSeq] = field(default_factory=list)
     prefills: list[ScheduledSeq] = field(default_factory=list)
-    preempted: list = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
     view: BatchView | None = None  # the decodes as the policy saw them (None without speculation)
 
     @property

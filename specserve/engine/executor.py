@@ -1,5 +1,6 @@
 """Runs a step's plan: draft, one target forward over prefill chunks, decodes and (k+1)-token verifies
-together, then sample/verify. Changes no request state: the scheduler commits the result."""
+together, then sample/verify with the step's one device->host read. Changes no request state: the output
+processor and the scheduler commit the result (the proposer's own tables are its own)."""
 from __future__ import annotations
 
 import time
@@ -8,13 +9,13 @@ from typing import Callable
 import torch
 
 from specserve.batch import ForwardItem, PhaseTimes, Proposal, StepPlan, StepResult
-from specserve.device_sync import to_host
 from specserve.engine.model_runner import ModelRunner
 from specserve.engine.sampler import Sampler
+from specserve.engine.sequence import Sequence
 
 # A hidden-state tap: (seq, first position, rows [n, hidden]) with the target's final hidden state of every
 # position that stays committed. EAGLE drafts read them; `specserve distill` records them as training features.
-HiddenTap = Callable[[object, int, torch.Tensor], None]
+HiddenTap = Callable[[Sequence, int, torch.Tensor], None]
 
 
 class Executor:
@@ -43,18 +44,12 @@ class Executor:
                           confidences)
 
     def propose(self, plan: StepPlan) -> Proposal:
-        """Drafts for the plan's decodes (a policy with `stepwise` may trim them after drafting)."""
+        """Drafts for the plan's decodes, each exactly as long as planned (or its lookup hit)."""
         decodes, device = plan.decodes, self.runner.device
         wants = any(s.max_drafts for s in decodes)
         if self.proposer is None or not (wants or (plan.prefills and self.proposer.has_cache)):
             return Proposal.empty(len(decodes), device)
-        proposal = self.proposer.propose(plan.prefills, decodes, self.policy, plan.view)
-        if self.policy.stepwise and any(proposal.lengths):
-            confidences = to_host(proposal.confidences)[0]
-            cut = self.policy.trim(plan.view, list(proposal.lengths),
-                                   [c[:n] for c, n in zip(confidences, proposal.lengths)])
-            proposal.lengths = [max(0, min(int(c), n)) for c, n in zip(cut, proposal.lengths)]
-        return proposal
+        return self.proposer.propose(plan.prefills, decodes, self.policy.wants_confidences)
 
     def _forward_items(self, plan: StepPlan, proposal: Proposal):
         """The target's rows: each decode's last token + its drafts (on the device), then prefill chunks.

@@ -2,7 +2,8 @@
 
     plan = scheduler.schedule(policy)        who runs, how many tokens each, how many drafts each
     result = executor.execute(plan)          draft -> one target forward -> sample/verify (one host transfer)
-    committed = scheduler.update(plan, result)    append tokens, stop, finish, release KV
+    verdicts = outputs.check(...)            detokenize, find stops: how many tokens each row commits
+    committed = scheduler.update(plan, result, verdicts)    append tokens, finish, release KV
     outputs, feedback                        deltas for the callers, outcomes and times for the policy
 """
 from __future__ import annotations
@@ -22,6 +23,7 @@ from specserve.engine.config import EngineConfig
 from specserve.engine.executor import Executor
 from specserve.engine.inputs import InputProcessor
 from specserve.engine.model_runner import ModelRunner, available_memory_bytes, kv_bytes_per_block
+from specserve.engine.output_processor import OutputProcessor
 from specserve.engine.outputs import RequestOutput, StepStats
 from specserve.engine.sampling_params import SamplingParams
 from specserve.engine.scheduler import Scheduler
@@ -110,8 +112,9 @@ class LLMEngine:
                                    step_time=self.models.step_time,
                                    peek=self.proposer.peek if self.proposer is not None else None)
         self.inputs = InputProcessor(self.tokenizer, target.config.vocab_size, self.max_model_len)
+        self.outputs = OutputProcessor(self.tokenizer, self.tokenizer.eos_token_ids)
         self.requests: dict[str, Sequence] = {}
-        self._aborted: list[Sequence] = []
+        self._aborted: list[RequestOutput] = []  # final outputs of aborted requests, for the next step
         self._ids = itertools.count()
         self.last_stats = StepStats()
 
@@ -135,9 +138,10 @@ class LLMEngine:
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
         ids = prompt_token_ids if prompt_token_ids is not None else self.prepare(prompt, params)
-        seq = Sequence(request_id, ids, params, self.tokenizer.eos_token_ids,
-                       prompt if isinstance(prompt, str) else None, arrival_time, self.config.device)
+        seq = Sequence(request_id, ids, params, prompt if isinstance(prompt, str) else None, arrival_time,
+                       self.config.device)
         self.requests[request_id] = seq
+        self.outputs.add(seq)
         self.scheduler.add(seq)
         return request_id
 
@@ -151,13 +155,14 @@ class LLMEngine:
 
     def abort(self, request_id: str) -> None:
         """Stop a request at any point and free its KV blocks; its final output comes with the next step."""
-        seq = self.requests.pop(request_id, None)
+        seq = self.requests.get(request_id)
         if seq is None:
             return
         self.scheduler.remove(seq)
         seq.status, seq.finish_reason = Status.FINISHED, "abort"
         seq.finished_time = time.monotonic()
-        self._aborted.append(seq)
+        self._aborted.append(self._output(seq, [], None))
+        self._free(seq)
 
     def has_unfinished(self) -> bool:
         return bool(self.requests) or bool(self._aborted)
@@ -171,6 +176,19 @@ class LLMEngine:
         half-written (KV rows, draft caches, EAGLE features) is rebuilt."""
         for seq in list(self.scheduler.running):
             self.scheduler.preempt(seq)
+            self._reset_draft(seq)
+
+    def _reset_draft(self, seq: Sequence) -> None:
+        if self.proposer is not None:
+            self.proposer.reset(seq.request_id)
+
+    def _free(self, seq: Sequence) -> None:
+        """Forget a request that finished or was aborted, once its last output is made."""
+        self.requests.pop(seq.request_id, None)
+        self.models.forget(seq.request_id)
+        self.outputs.free(seq.request_id)
+        if self.proposer is not None:
+            self.proposer.free(seq.request_id)
 
     @property
     def num_running(self) -> int:
@@ -188,24 +206,25 @@ class LLMEngine:
 
     # ---- the step --------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        outputs = [self._output(seq, [], None) for seq in self._aborted]
-        self._aborted.clear()
+        outputs, self._aborted = self._aborted, []
         t0 = time.perf_counter()
         plan = self.scheduler.schedule(self.policy)
+        for seq in plan.preempted:
+            self._reset_draft(seq)
         t1 = time.perf_counter()
         if plan.is_empty:
             self.last_stats = StepStats(num_preempted=len(plan.preempted), t_schedule=t1 - t0)
             return outputs
         result = self.executor.execute(plan)
         t2 = time.perf_counter()
-        committed = self.scheduler.update(plan, result, self.tokenizer)
+        verdicts = [self.outputs.check(s.seq, tokens) for s, tokens in zip(result.sampling, result.committed)]
+        committed = self.scheduler.update(plan, result, verdicts)
         for seq, new, logprobs in committed:
-            if seq.status == Status.FINISHED:
-                self.requests.pop(seq.request_id, None)
-                self.models.forget(seq.request_id)
-            elif self.proposer is not None:
+            if seq.status != Status.FINISHED and self.proposer is not None:
                 self.proposer.on_commit(seq, len(new))
             outputs.append(self._output(seq, new, logprobs))
+            if seq.status == Status.FINISHED:
+                self._free(seq)
         result.times.schedule, result.times.update = t1 - t0, time.perf_counter() - t2
         self._record(plan, result)
         return outputs
@@ -235,15 +254,16 @@ class LLMEngine:
 
     def _output(self, seq: Sequence, new: list[int], logprobs: list[float] | None) -> RequestOutput:
         finished = seq.status == Status.FINISHED
-        out = RequestOutput(seq.request_id, new, seq.take_new_text(), logprobs, finished, seq.num_prompt_tokens,
-                            seq.num_output_tokens, seq.finish_reason, seq.stop_reason)
+        out = RequestOutput(seq.request_id, new, self.outputs.take_new_text(seq.request_id, finished), logprobs,
+                            finished, seq.num_prompt_tokens, seq.num_output_tokens, seq.finish_reason,
+                            seq.stop_reason)
         if finished:
             out.prompt, out.prompt_token_ids = seq.prompt, seq.token_ids[:seq.num_prompt_tokens]
-            out.text, out.token_ids = seq.text, seq.output_token_ids
+            out.text, out.token_ids = self.outputs.text(seq.request_id), seq.output_token_ids
             out.logprobs = list(seq.logprobs) if seq.params.logprobs else None
             out.spec = seq.spec.as_dict()
-            if seq.draft_index is not None:  # several drafts: say which one served the request
-                out.spec["draft"] = self.proposer.names[seq.draft_index]
+            if self.draft_names and (draft := self.proposer.draft_of(seq.request_id)) is not None:
+                out.spec["draft"] = draft  # several drafts: say which one served the request
             out.metrics = {"arrival_time": seq.arrival_time, "first_scheduled_time": seq.first_scheduled_time,
                            "first_token_time": seq.first_token_time, "finished_time": seq.finished_time,
                            "slo_ttft": seq.params.slo_ttft, "slo_tpot": seq.params.slo_tpot}

@@ -24,6 +24,7 @@ import numpy as np
 
 from specserve.batch import BatchView, RequestView, ScheduledSeq, StepPlan, StepResult
 from specserve.engine.block_manager import BlockManager
+from specserve.engine.output_processor import Verdict
 from specserve.engine.sequence import Sequence, Status
 
 
@@ -183,7 +184,7 @@ class Scheduler:
         """Recompute-style preemption: drop the KV, keep the tokens, requeue at the front."""
         self.running.remove(seq)
         self.blocks.free(seq.block_table)
-        seq.num_computed = seq.num_draft_computed = 0
+        seq.num_computed = 0
         seq.status = Status.WAITING
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
@@ -193,31 +194,33 @@ class Scheduler:
             plan.decodes = [s for s in plan.decodes if s.seq is not seq]
 
     # ---- update ----------------------------------------------------------------------------------
-    def update(self, plan: StepPlan, result: StepResult, tokenizer) -> list[tuple[Sequence, list[int], list | None]]:
-        """Commit each sampling row's tokens (stopping at a stop token or string, max_tokens), count its
-        draft's acceptance, advance prefill chunks, finish requests, release rejected draft slots. Returns (seq, new tokens, their
-        logprobs) per sampling row."""
+    def update(self, plan: StepPlan, result: StepResult,
+               verdicts: list[Verdict]) -> list[tuple[Sequence, list[int], list | None]]:
+        """Commit each sampling row's tokens as far as its verdict says (the output processor found where it
+        stops), count its draft's acceptance, advance prefill chunks, finish requests, release rejected draft
+        slots. Returns (seq, new tokens, their logprobs) per sampling row."""
         for s in plan.prefills:
             s.seq.num_computed += s.num_tokens  # a completing chunk is overwritten below
         now = time.monotonic()
         committed = []
         drafted = result.proposal.lengths + [0] * (len(result.sampling) - len(result.proposal.lengths))
-        for s, tokens, logprobs, length in zip(result.sampling, result.committed, result.logprobs, drafted):
+        rows = zip(result.sampling, result.committed, result.logprobs, drafted, verdicts)
+        for i, (s, tokens, logprobs, length, verdict) in enumerate(rows):
             seq = s.seq
+            if i < len(plan.decodes):  # sampling rows: the decodes first
+                seq.spec.last_drafted = length
             if length:
                 seq.spec.record(length, len(tokens) - 1)
-            new = []
-            for tok in tokens:
-                new.append(tok)
-                if seq.append_token(tok, tokenizer, None if logprobs is None else logprobs[len(new) - 1]):
-                    seq.status, seq.finished_time = Status.FINISHED, now
-                    break
+            new, logprobs = tokens[:verdict.num_tokens], None if logprobs is None else logprobs[:verdict.num_tokens]
+            seq.append(new, logprobs)
             if seq.first_token_time is None:
                 seq.first_token_time = now
-            if seq.status == Status.FINISHED:
+            if verdict.finish_reason is not None:
+                seq.status, seq.finished_time = Status.FINISHED, now
+                seq.finish_reason, seq.stop_reason = verdict.finish_reason, verdict.stop_reason
                 self.remove(seq)
             else:
                 seq.num_computed = len(seq.token_ids) - 1
                 self.blocks.shrink(seq.block_table, len(seq.token_ids))  # release rejected draft slots
-            committed.append((seq, new, None if logprobs is None else logprobs[:len(new)]))
+            committed.append((seq, new, logprobs))
         return committed

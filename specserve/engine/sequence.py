@@ -6,7 +6,6 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-from tokenizers.decoders import DecodeStream
 
 from specserve.engine.sampling_params import SamplingParams
 from specserve.engine.seeding import make_generator
@@ -25,6 +24,7 @@ class SpecStats:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
+    last_drafted: int = 0  # draft tokens its latest decode step verified (0: that step drafted nothing)
 
     @property
     def mean_acceptance_length(self) -> float:
@@ -50,8 +50,7 @@ class SpecStats:
 
 class Sequence:
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                 eos_token_ids: list[int], prompt: str | None = None, arrival_time: float | None = None,
-                 device: str = "cpu"):
+                 prompt: str | None = None, arrival_time: float | None = None, device: str = "cpu"):
         self.request_id = request_id
         self.prompt = prompt
         self.token_ids = list(prompt_token_ids)  # prompt followed by output
@@ -59,20 +58,10 @@ class Sequence:
         self.params = params
         self.status = Status.WAITING
         self.block_table: list[int] = []
-        self.num_computed = 0        # tokens whose target KV is in the cache
-        self.num_draft_computed = 0  # tokens whose draft-model KV is in the cache
-        self.proposer_state = None   # the proposer's own per-request data (EAGLE: target features to read)
-        self.draft_index = None      # which of several drafts serves this request (spec_decode/router.py)
-        self.lookup_memo = None      # (length, k, hit): its prompt-lookup hit at that length (spec_decode/proposer.py)
+        self.num_computed = 0  # tokens whose target KV is in the cache (a proposer tracks its own cache)
         # Sampled requests draw from their own generator, on the device whose probabilities it samples.
         self.generator = None if params.greedy else make_generator(
             params.seed if params.seed is not None else int(torch.randint(2**62, ())), device)
-        stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))
-        self._stop_ids = stops
-        self._decoder = DecodeStream(skip_special_tokens=params.skip_special_tokens)
-        self._holdback = max((len(s) for s in params.stop), default=1) - 1
-        self.text = ""
-        self.num_text_sent = 0  # characters of `text` already handed to the caller
         self.logprobs: list[float] = []
         self.finish_reason: str | None = None  # "stop" | "length" | "abort"
         self.stop_reason: str | int | None = None
@@ -95,35 +84,8 @@ class Sequence:
         """More than one token lacks KV: a (re)prefill, not a decode step."""
         return len(self.token_ids) - self.num_computed > 1
 
-    def append_token(self, token_id: int, tokenizer, logprob: float | None = None) -> bool:
-        """Commit one generated token; returns True when the request is now finished."""
-        self.token_ids.append(token_id)
-        if logprob is not None:
-            self.logprobs.append(logprob)
-        n = self.num_output_tokens
-        if token_id in self._stop_ids and n > self.params.min_tokens:
-            return self._finish("stop", token_id)
-        piece = self._decoder.step(tokenizer.hf, token_id)
-        if piece:
-            start = max(0, len(self.text) - self._holdback)
-            self.text += piece
-            if n > self.params.min_tokens:
-                for s in self.params.stop:
-                    i = self.text.find(s, start)
-                    if i >= 0:
-                        self.text = self.text[:i]
-                        return self._finish("stop", s)
-        if n >= self.params.max_tokens:
-            return self._finish("length", None)
-        return False
-
-    def _finish(self, reason: str, stop_reason) -> bool:
-        self.finish_reason, self.stop_reason = reason, stop_reason
-        return True
-
-    def take_new_text(self) -> str:
-        """Text not yet handed out, holding back a possible stop-string prefix until the end."""
-        end = len(self.text) if self.finish_reason else max(self.num_text_sent, len(self.text) - self._holdback)
-        new = self.text[self.num_text_sent:end]
-        self.num_text_sent = end
-        return new
+    def append(self, tokens: list[int], logprobs: list[float] | None) -> None:
+        """Commit generated tokens (the output processor has already cut them at a stop)."""
+        self.token_ids += tokens
+        if logprobs is not None:
+            self.logprobs += logprobs

@@ -116,6 +116,8 @@ class AcceptanceModel:
         if not outcome.num_drafted:
             return
         draft = outcome.draft or ""
+        if outcome.confidences is None:  # what a plan predicted for these positions, before the outcome
+            predicted = self.predict(outcome.request_id, draft)
         counts = self.position_counts.setdefault(draft, np.zeros((2, self.max_positions)))
         tested = outcome.outcomes
         own = self.requests.setdefault(outcome.request_id, [0.0, 0.0])
@@ -129,13 +131,16 @@ class AcceptanceModel:
                 calibration = self.calibration(draft, m)
                 self.recent.append((float(calibration(outcome.confidences[m])), accepted))
                 calibration.add(outcome.confidences[m], accepted)
+            else:
+                self.recent.append((float(predicted[m_]), accepted))
 
     def forget(self, request_id: str) -> None:
         self.requests.pop(request_id, None)
 
     @property
     def calibration_error(self) -> float | None:
-        """Expected calibration error of recent predictions (made before each outcome was known): the
+        """Expected calibration error of recent predictions (made before each outcome was known, from the
+        draft's confidence where the policy asked for confidences, else from the position): the
         |mean predicted - mean observed| of each predicted-probability bin, weighted by its share."""
         if not self.recent:
             return None

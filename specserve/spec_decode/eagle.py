@@ -35,31 +35,41 @@ class EagleProposer:
     def __init__(self, drafter: Drafter):
         self.drafter = drafter
         self.runner, self.lookup, self.peek = drafter.runner, drafter.lookup, drafter.peek
+        self.features: dict[str, FeatureBuffer] = {}  # request id -> target features not yet drafted from
 
-    def propose(self, prefills: list[ScheduledSeq], decodes: list[ScheduledSeq], policy, view):
+    def propose(self, prefills: list[ScheduledSeq], decodes: list[ScheduledSeq], confidences=False):
         # Prompt rows need the target's features: they ride in the request's first drafting forward.
-        return self.drafter.propose(decodes, policy, view, [], features=self._pending_features)
+        return self.drafter.propose(decodes, confidences, [], features=self._pending_features)
 
     def observe_target(self, seq, start: int, rows: torch.Tensor) -> None:
         """The target's hidden states [n, hidden] of committed positions start .. start + n - 1."""
-        buf = seq.proposer_state
+        buf = self.features.get(seq.request_id)
         if buf is None or not buf.start <= start <= buf.end:  # first rows, or a recompute after preemption
-            seq.proposer_state = FeatureBuffer(start, rows.clone())
+            self.features[seq.request_id] = FeatureBuffer(start, rows.clone())
         else:
             buf.rows = torch.cat([buf.rows[:start - buf.start], rows])
 
     def _pending_features(self, seq) -> torch.Tensor:
-        """f_{j-1} for every draft row j from num_draft_computed to the last token (zeros before position 0)."""
-        first, last = seq.num_draft_computed - 1, len(seq.token_ids) - 2
-        buf = seq.proposer_state
+        """f_{j-1} for every draft row j from the draft cache's end to the last token (zeros before position 0)."""
+        first, last = self.drafter.computed.get(seq.request_id, 0) - 1, len(seq.token_ids) - 2
+        buf = self.features[seq.request_id]
         rows = buf.rows[max(first, 0) - buf.start:last + 1 - buf.start]
         if first < 0:
             rows = torch.cat([rows.new_zeros(1, rows.shape[1]), rows])
         assert len(rows) == last - first + 1, "EAGLE draft is missing target features"
-        seq.proposer_state = FeatureBuffer(last + 1, rows[:0])  # consumed: the next rows start at len - 1
+        self.features[seq.request_id] = FeatureBuffer(last + 1, rows[:0])  # consumed: next rows start at len - 1
         return rows
 
     def on_commit(self, seq, num_committed: int) -> None:
         # Valid draft rows are those made from the target's features: positions before this step's
         # first committed token.
-        seq.num_draft_computed = min(seq.num_draft_computed, len(seq.token_ids) - num_committed)
+        computed = self.drafter.computed
+        computed[seq.request_id] = min(computed.get(seq.request_id, 0), len(seq.token_ids) - num_committed)
+
+    def reset(self, request_id: str) -> None:
+        self.drafter.reset(request_id)
+        self.features.pop(request_id, None)
+
+    def free(self, request_id: str) -> None:
+        self.drafter.free(request_id)
+        self.features.pop(request_id, None)

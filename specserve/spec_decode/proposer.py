@@ -4,16 +4,20 @@ loop over its own paged KV cache (`Drafter`), which a standalone draft and an EA
 Every proposer offers:
     has_cache             it keeps its own KV cache: prompt chunks are mirrored into it as the target runs them
     reads_target_hidden   it reads the target's hidden states (EAGLE): the engine taps them to `observe_target`
-    propose(prefills, decodes, policy, view) -> Proposal   drafts for the decodes, `max_drafts` each at most
+    peek(seq, k) -> (draft, most)          before planning: which draft will serve the request this step
+    propose(prefills, decodes, confidences) -> Proposal   drafts for the decodes, `max_drafts` each at most
     on_commit(seq, num_committed)          after verification: which of its cache rows stay valid
+    reset(request_id)                      the request was preempted: its cache rows are gone
+    free(request_id)                       the request finished or was aborted: forget it
+A proposer's per-request state (cache rows computed, lookup hits, EAGLE features) is its own, in tables
+keyed by request id; it reads a request's tokens and block table and writes nothing of the request.
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from specserve.batch import BatchView, ForwardItem, Proposal, ScheduledSeq
-from specserve.device_sync import to_host
+from specserve.batch import ForwardItem, Proposal, ScheduledSeq
 from specserve.model.kernels import argmax_rows
 from specserve.spec_decode.config import NGRAM
 from specserve.sampling import RowParams, exponentials, process, race
@@ -30,10 +34,11 @@ class NgramProposer:
     def __init__(self, prompt_lookup_min: int, prompt_lookup_max: int, device="cpu"):
         self.min_n, self.max_n = prompt_lookup_min, prompt_lookup_max
         self.device = torch.device(device)
+        self.hits: dict[str, tuple[int, int, list[int]]] = {}  # request id -> (length, k, its hit there)
 
-    def propose(self, prefills: list[ScheduledSeq], decodes: list[ScheduledSeq], policy, view) -> Proposal:
+    def propose(self, prefills: list[ScheduledSeq], decodes: list[ScheduledSeq], confidences=False) -> Proposal:
         found = [self.hit(s.seq, s.max_drafts) if s.max_drafts else [] for s in decodes]
-        return lookup_proposal(found, policy, self.device)
+        return lookup_proposal(found, confidences, self.device)
 
     def peek(self, seq, k: int) -> tuple[str, int]:
         """(draft, most drafts it can offer) before planning: lookup offers its hit's length, nothing more."""
@@ -42,9 +47,9 @@ class NgramProposer:
     def hit(self, seq, k: int) -> list[int]:
         """lookup() of the sequence's tokens, at most k long, remembered until it grows: the scheduler peeks
         before the policy plans (at the ceiling) and the proposer drafts after it (at the planned length)."""
-        memo = seq.lookup_memo
+        memo = self.hits.get(seq.request_id)
         if memo is None or memo[0] != len(seq.token_ids) or memo[1] < k:
-            memo = seq.lookup_memo = (len(seq.token_ids), k, self.lookup(seq.token_ids, k))
+            memo = self.hits[seq.request_id] = (len(seq.token_ids), k, self.lookup(seq.token_ids, k))
         return memo[2][:k]
 
     def lookup(self, tokens: list[int], k: int) -> list[int]:
@@ -60,20 +65,26 @@ class NgramProposer:
     def on_commit(self, seq, num_committed: int) -> None:
         pass
 
+    def reset(self, request_id: str) -> None:
+        pass  # a hit depends on the tokens only, which preemption keeps
 
-def lookup_proposal(found: list[list[int]], policy, device) -> Proposal:
+    def free(self, request_id: str) -> None:
+        self.hits.pop(request_id, None)
+
+
+def lookup_proposal(found: list[list[int]], confidences: bool, device) -> Proposal:
     """A Proposal of deterministic drafts known on the host (q one-hot: no probs; confidence 1)."""
     k = max(map(len, found), default=0)
     tokens = torch.tensor([f + [0] * (k - len(f)) for f in found], dtype=torch.long, device=device).view(len(found), k)
-    confidences = torch.ones(len(found), k, device=device) if policy.wants_confidences or policy.stepwise else None
+    confidences = torch.ones(len(found), k, device=device) if confidences else None
     return Proposal([len(f) for f in found], tokens, confidences=confidences,
                     sources=[NGRAM if f else None for f in found])
 
 
 class Drafter:
     """Batched autoregressive drafting with a small model: one forward per draft position for every request
-    still drafting, the sampled token fed back on the device. Requests drop out at their budget, or when a
-    stepwise policy says so. With `lookup`, a request whose context repeats takes the lookup's tokens
+    still drafting, the sampled token fed back on the device. Requests drop out at their planned length, known
+    on the host: drafting reads nothing back from the device. With `lookup`, a request whose context repeats takes the lookup's tokens
     (free, and on code accepted more often than the draft model's) and the model drafts for the others."""
 
     def __init__(self, runner, target_vocab_size: int, vocab_map: torch.Tensor | None, name: str,
@@ -84,8 +95,9 @@ class Drafter:
         self.vocab_map = None if vocab_map is None else vocab_map.to(runner.device)
         self.name = name
         self.lookup = lookup
+        self.computed: dict[str, int] = {}  # request id -> tokens whose draft KV is in the cache
 
-    def propose(self, decodes: list[ScheduledSeq], policy, view: BatchView | None, extra_items: list[ForwardItem],
+    def propose(self, decodes: list[ScheduledSeq], confidences: bool, extra_items: list[ForwardItem],
                 features=None) -> Proposal:
         """extra_items: rows the draft cache needs that ask no logits (prefill catch-up), run in the first
         forward. features(seq) -> [rows, hidden]: an EAGLE draft's target features for the request's rows."""
@@ -101,9 +113,10 @@ class Drafter:
                 continue
             if features is not None:
                 feats.append(features(seq))
-            items.append(ForwardItem(seq.token_ids[seq.num_draft_computed:], len(seq.token_ids), seq.block_table, 1))
+            items.append(ForwardItem(seq.token_ids[self.computed.get(seq.request_id, 0):], len(seq.token_ids),
+                                     seq.block_table, 1))
             drafting.append(i)
-        proposal = lookup_proposal(found, policy, device)
+        proposal = lookup_proposal(found, confidences, device)
         k = max((s.max_drafts for s in decodes), default=0)
         if drafting:
             proposal.token_ids = torch.cat([proposal.token_ids, proposal.token_ids.new_zeros(n, k - proposal.token_ids.shape[1])], 1)
@@ -122,16 +135,10 @@ class Drafter:
             tokens = self._draft_one(logits, drafting, decodes, proposal, step)
             step += 1
             for i in drafting:
-                decodes[i].seq.num_draft_computed = len(decodes[i].seq.token_ids) + step - 1
+                self.computed[decodes[i].seq.request_id] = len(decodes[i].seq.token_ids) + step - 1
                 proposal.lengths[i] = step
                 proposal.sources[i] = self.name
-            go = [step < decodes[i].max_drafts for i in drafting]
-            if policy.stepwise and any(go):
-                rows = torch.tensor(drafting, dtype=torch.long, device=device)
-                confidences = to_host(proposal.confidences[rows, :step])[0]
-                keep = policy.keep_drafting(step, [view.requests[i] for i in drafting], confidences)
-                go = [g and bool(keep_going) for g, keep_going in zip(go, keep)]
-            keep = [r for r, g in enumerate(go) if g]
+            keep = [r for r, i in enumerate(drafting) if step < decodes[i].max_drafts]
             drafting = [drafting[r] for r in keep]
             # An EAGLE draft's next row reads its own prediction of the target's hidden state.
             feats = [predicted[keep]] if features is not None and keep else []
@@ -146,6 +153,14 @@ class Drafter:
         if self.lookup is not None and (hit := self.lookup.hit(seq, k)):
             return NGRAM, len(hit)
         return self.name, k
+
+    def reset(self, request_id: str) -> None:
+        self.computed.pop(request_id, None)
+
+    def free(self, request_id: str) -> None:
+        self.computed.pop(request_id, None)
+        if self.lookup is not None:
+            self.lookup.free(request_id)
 
     def _one_hot_lookups(self, found: list[list[int]], sampled: list[int], k: int) -> torch.Tensor:
         """[S, K, V] q rows for the sampled requests: one-hot at each looked-up token, the rest filled by drafting."""
@@ -194,21 +209,24 @@ class DraftModelProposer:
 
     def __init__(self, drafter: Drafter):
         self.drafter = drafter
-        self.runner, self.lookup, self.peek = drafter.runner, drafter.lookup, drafter.peek
+        self.runner, self.lookup = drafter.runner, drafter.lookup
+        self.peek, self.reset, self.free = drafter.peek, drafter.reset, drafter.free
 
-    def propose(self, prefills: list[ScheduledSeq], decodes: list[ScheduledSeq], policy, view) -> Proposal:
-        return self.drafter.propose(decodes, policy, view, self._catch_up(prefills))
+    def propose(self, prefills: list[ScheduledSeq], decodes: list[ScheduledSeq], confidences=False) -> Proposal:
+        return self.drafter.propose(decodes, confidences, self._catch_up(prefills))
 
     def _catch_up(self, prefills: list[ScheduledSeq]) -> list[ForwardItem]:
         """Draft-cache rows for the prompt chunks the target computes in this step (no logits wanted)."""
-        items = []
+        items, computed = [], self.drafter.computed
         for s in prefills:
             seq, end = s.seq, s.seq.num_computed + s.num_tokens
-            if end > seq.num_draft_computed:
-                items.append(ForwardItem(seq.token_ids[seq.num_draft_computed:end], end, seq.block_table, 0))
-                seq.num_draft_computed = end
+            done = computed.get(seq.request_id, 0)
+            if end > done:
+                items.append(ForwardItem(seq.token_ids[done:end], end, seq.block_table, 0))
+                computed[seq.request_id] = end
         return items
 
     def on_commit(self, seq, num_committed: int) -> None:
         # The draft cache holds the fed tokens; only those that were committed stay valid.
-        seq.num_draft_computed = min(seq.num_draft_computed, len(seq.token_ids) - 1)
+        computed = self.drafter.computed
+        computed[seq.request_id] = min(computed.get(seq.request_id, 0), len(seq.token_ids) - 1)

@@ -12,8 +12,6 @@ draft and step of drafting; the verification is shared, and each draft's q rows 
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 
 from specserve.batch import Proposal
@@ -31,6 +29,7 @@ class RoutedProposer:
                                  "--draft-vocab`): their kept vocabularies are what picks the draft")
         self.proposers = proposers
         self.names = names  # shown per request (the response's "speculative" stats) and in the metrics
+        self.routes: dict[str, int] = {}  # request id -> the draft serving it
         self.has_cache, self.reads_target_hidden = kinds.pop()
         self.kept = torch.zeros(len(proposers), vocab_size, dtype=torch.bool)  # [drafts, vocab]
         for i, vocab_map in enumerate(vocab_maps):
@@ -47,14 +46,19 @@ class RoutedProposer:
 
     def route(self, seq) -> int:
         """The draft serving this request, chosen from its prompt when first asked."""
-        if seq.draft_index is None:
-            seq.draft_index = self.choose(seq.token_ids[:seq.num_prompt_tokens])
-        return seq.draft_index
+        if seq.request_id not in self.routes:
+            self.routes[seq.request_id] = self.choose(seq.token_ids[:seq.num_prompt_tokens])
+        return self.routes[seq.request_id]
+
+    def draft_of(self, request_id: str) -> str | None:
+        """The name of the draft serving the request (None before it was routed)."""
+        index = self.routes.get(request_id)
+        return None if index is None else self.names[index]
 
     def peek(self, seq, k: int) -> tuple[str, int]:
         return self.proposers[self.route(seq)].peek(seq, k)
 
-    def propose(self, prefills, decodes, policy, view) -> Proposal:
+    def propose(self, prefills, decodes, confidences=False) -> Proposal:
         n = len(decodes)
         k = max((s.max_drafts for s in decodes), default=0)
         device = self.proposers[0].runner.device
@@ -68,8 +72,7 @@ class RoutedProposer:
             own_prefills = [s for s, r in zip(prefills, prefill_routes) if r == index]
             if not any(decodes[i].max_drafts for i in mine) and not (own_prefills and self.has_cache):
                 continue
-            sub_view = None if view is None else replace(view, requests=[view.requests[i] for i in mine])
-            part = proposer.propose(own_prefills, [decodes[i] for i in mine], policy, sub_view)
+            part = proposer.propose(own_prefills, [decodes[i] for i in mine], confidences)
             parts.append((mine, part))
             rows = torch.tensor(mine, dtype=torch.long, device=device)
             merged.token_ids[rows, :part.token_ids.shape[1]] = part.token_ids
@@ -96,3 +99,12 @@ class RoutedProposer:
 
     def on_commit(self, seq, num_committed: int) -> None:
         self.proposers[self.route(seq)].on_commit(seq, num_committed)
+
+    def reset(self, request_id: str) -> None:
+        """Preempted: the draft's cache rows are gone, the choice of draft stays (it is the prompt's)."""
+        if request_id in self.routes:
+            self.proposers[self.routes[request_id]].reset(request_id)
+
+    def free(self, request_id: str) -> None:
+        if (index := self.routes.pop(request_id, None)) is not None:
+            self.proposers[index].free(request_id)

@@ -17,7 +17,7 @@ def test_draft_rows_read_the_targets_hidden_state_of_the_previous_position(tiny_
     pending = EagleProposer._pending_features
 
     def recording(self, seq):
-        first = seq.num_draft_computed - 1
+        first = self.drafter.computed.get(seq.request_id, 0) - 1
         rows = pending(self, seq)
         seen.append((list(seq.token_ids), first, rows.clone()))
         return rows

@@ -30,26 +30,20 @@ class Alternating(Policy):
         self.feedback.append(feedback)
 
 
-@register("test_stepwise")
-class Stepwise(Policy):
-    """Stops a request's draft after its first token when its id is odd; trims every draft to 2."""
-
-    stepwise = True
+@register("test_by_parity")
+class ByParity(Policy):
+    """Drafts 2 tokens for even request ids, 1 for odd ones; records what each request drafted last step."""
 
     def __init__(self, max_drafts):
         super().__init__(max_drafts)
-        self.calls = []
+        self.seen, self.feedback = [], []
 
     def plan(self, batch):
-        return [self.max_drafts] * len(batch)
+        self.seen.append({r.request_id: r.spec.last_drafted for r in batch.requests})
+        return [2 if int(r.request_id) % 2 == 0 else 1 for r in batch.requests]
 
-    def keep_drafting(self, step, requests, confidences):
-        self.calls.append(("keep", step, [r.request_id for r in requests], confidences))
-        return [int(r.request_id) % 2 == 0 for r in requests]
-
-    def trim(self, batch, lengths, confidences):
-        self.calls.append(("trim", lengths, confidences))
-        return [min(n, 2) for n in lengths]
+    def observe(self, feedback):
+        self.feedback.append(feedback)
 
 
 @pytest.fixture(scope="module")
@@ -85,19 +79,20 @@ def test_policy_options_reach_the_policy(tiny_target, tiny_draft):
     assert max(o.num_drafted for f in llm.engine.policy.feedback for o in f.outcomes) == 1
 
 
-def test_stepwise_policies_stop_and_trim_per_request(tiny_target, tiny_draft, greedy_baseline):
+def test_planned_lengths_are_what_is_verified_and_the_view_remembers_them(tiny_target, tiny_draft, greedy_baseline):
     ps, want = greedy_baseline
     llm = LLM(model=str(tiny_target), dtype="float32", speculative_config={
-        "model": str(tiny_draft), "num_speculative_tokens": 4, "policy": "test_stepwise"})
+        "model": str(tiny_draft), "num_speculative_tokens": 4, "policy": "test_by_parity"})
     outs = llm.generate(ps, GREEDY)
     assert [o.token_ids for o in outs] == want
-    calls = llm.engine.policy.calls
-    keeps = [c for c in calls if c[0] == "keep"]
-    assert keeps and all(len(conf) == len(ids) and all(len(c) == step for c in conf) for _, step, ids, conf in keeps)
-    assert all(step == 1 or all(int(i) % 2 == 0 for i in ids) for _, step, ids, _ in keeps)  # odd ids stopped
-    assert any(max(c[1]) > 2 for c in calls if c[0] == "trim")  # drafts longer than the trim were made
-    for out in outs:  # ... and none longer than 2 (odd ids: 1) was verified
-        assert out.spec["num_draft_tokens"] <= (2 if int(out.request_id) % 2 == 0 else 1) * out.spec["num_drafts"]
+    policy = llm.engine.policy
+    for f in policy.feedback:  # each request drafted exactly its planned length where it could commit that much
+        for o, r in zip(f.outcomes, f.batch.requests):
+            assert o.num_drafted == min(2 if int(r.request_id) % 2 == 0 else 1, r.tokens_left - 1)
+    for before, after in zip(policy.feedback, policy.seen[1:]):  # the next plan sees last step's lengths
+        drafted = {o.request_id: o.num_drafted for o in before.outcomes}
+        assert all(after[i] == drafted[i] for i in after if i in drafted)
+    assert any(any(v for v in seen.values()) for seen in policy.seen)
 
 
 def test_unknown_policies_and_bad_options_are_clear_errors(tiny_target, tiny_draft):

@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specserve.batch import BatchView, DraftOutcome, RequestView
+from specserve.batch import BatchView, DraftOutcome, PhaseTimes, RequestView, StepFeedback
 from specserve.engine.sequence import SpecStats
 from specserve.spec_decode.cost_model import KNOTS, StepCostModel, _fit
 from specserve.spec_decode.allocation import evaluate, survival
@@ -83,26 +83,12 @@ def test_light_load_and_high_acceptance_adaptive_drafts_long():
     assert p.plan(batch(1)) == [K]
 
 
-def test_adaptive_stops_a_request_whose_draft_turns_unsure():
-    p = policy("adaptive", cost_model(lambda n: 0.010 + 0.002 * n, lambda r: 0.0005), accepted=(4, 200))
-    view = batch(2)
-    assert p.plan(view) == [K, K]
-    keep = p.keep_drafting(1, view.requests, [[0.99], [0.02]])
-    assert keep == [True, False]
-
-
-def test_trimming_drops_the_lowest_survival_slots_first():
-    p = policy("adaptive", cost_model(lambda n: 0.010 + 0.003 * n, lambda r: 0.0005), accepted=(2, 50))
-    view = batch(2)
-    p.plan(view)
-    sure, unsure = [0.95, 0.9, 0.9, 0.85], [0.9, 0.35, 0.3, 0.3]
-    lengths = p.trim(view, [K, K], [sure, unsure])
-    assert lengths[0] > lengths[1] and lengths[1] <= 2
-    # what was cut was worth less than it cost: keeping it all is predicted worse
-    a = np.array([p.models.acceptance.predict(r.request_id, "d", c) for r, c in zip(view.requests, [sure, unsure])])
-    costs = p.models.step_costs(view)
-    kept = evaluate(survival(a), lengths, ["d", "d"], costs, spent_draft=True)
-    assert kept.goodput > evaluate(survival(a), [K, K], ["d", "d"], costs, spent_draft=True).goodput
+def test_adaptive_drafts_shorter_for_a_request_whose_own_drafts_are_rejected():
+    p = policy("adaptive", cost_model(lambda n: 0.010 + 0.002 * n, lambda r: 0.0005), accepted=(3, 200))
+    for _ in range(10):
+        p.models.acceptance.observe(DraftOutcome("r1", "d", K, 0, None))
+    lengths = p.plan(batch(2))
+    assert lengths[0] > lengths[1], lengths
 
 
 def test_hysteresis_holds_lengths_steady_on_a_noisy_stationary_stream():
@@ -118,8 +104,8 @@ def test_hysteresis_holds_lengths_steady_on_a_noisy_stationary_stream():
         view, lengths = batch(4), []
         for _ in range(200):
             lengths.append(p.plan(view))
-            p.observe(type("F", (), {"outcomes": [DraftOutcome(r.request_id, "d", n, 0, None)
-                                                  for r, n in zip(view.requests, lengths[-1])]})())
+            for r, n in zip(view.requests, lengths[-1]):  # what the scheduler records after the step
+                r.spec.last_drafted = n
         return sum(a != b for a, b in zip(lengths, lengths[1:]))
 
     free, held = changes(0.0), changes(0.05)
@@ -157,11 +143,10 @@ def test_off_static_and_batch_table():
     assert [table.plan(batch(n))[0] for n in (1, 3, 4, 15, 16, 40)] == [4, 4, 2, 2, 0, 0]
 
 
-def test_threshold_stops_and_trims_at_the_first_unsure_token():
-    p = policy("threshold", MEMORY_BOUND, threshold=0.6)
-    view = batch(2)
-    assert p.keep_drafting(2, view.requests, [[0.9, 0.7], [0.9, 0.5]]) == [True, False]
-    assert p.trim(view, [3, 2], [[0.9, 0.7, 0.65], [0.9, 0.5]]) == [3, 1]
+def test_threshold_stops_before_the_first_position_predicted_below_it():
+    assert policy("threshold", MEMORY_BOUND, accepted=(1, 200), threshold=0.6).plan(batch(2)) == [1, 1]
+    assert policy("threshold", MEMORY_BOUND, accepted=(4, 200), threshold=0.6).plan(batch(2)) == [K, K]
+    assert policy("threshold", MEMORY_BOUND, accepted=(0, 200), threshold=0.6).plan(batch(2)) == [0, 0]
 
 
 def test_goodput_picks_one_batch_wide_k_from_load():
@@ -180,7 +165,9 @@ def test_planned_takes_the_latency_models_best_k_for_the_measured_rate(monkeypat
         p.arrivals.clear()
         for i in range(int(rate * 10)):
             now[0] += 1 / rate
-            ks[rate] = p.plan(batch(1, ids=[f"{rate}-{i}"]))[0]
+            view = batch(1, ids=[f"{rate}-{i}"])
+            p.observe(StepFeedback(view, [], PhaseTimes(), 1, 0))  # a step that ran the new request
+            ks[rate] = p.plan(view)[0]
     # latency20's fit: speculation pays at light load (a long draft), less and less as the rate rises
     assert ks[0.1] >= 2 and ks[1.0] < ks[0.1]
     with pytest.raises(Exception, match="needs"):

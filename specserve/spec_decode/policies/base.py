@@ -1,26 +1,26 @@
 """The speculation policy protocol: how many tokens each request drafts, decided once per step.
 
-The engine calls a policy at four points of a step (docs/design.md §3.4):
+The engine calls a policy at two points of a step (docs/design.md §3.4):
 
 1. `plan(batch)` -> draft lengths, one per decode of the step, before anything is drafted. `batch` is a
-   read-only BatchView: per request its id, context length, tokens left, live acceptance statistics,
-   which draft serves it; for the step the token budget left and the free KV slots.
-2. `keep_drafting(step, requests, confidences)` -> one bool per request still drafting, after each batched
-   draft step (only for policies with `stepwise = True`): `confidences[r]` holds the draft's probability
-   of every token request r drafted so far. False stops that request's draft where it is.
-3. `trim(batch, lengths, confidences)` -> final lengths (<= drafted), after drafting (stepwise only): drop
-   low-confidence suffixes before verification.
-4. `observe(feedback)` after verification: per request the drafted and accepted counts (per-position
-   outcomes via `DraftOutcome.outcomes`) and, if `wants_confidences`, the confidences; the step's
-   measured phase times and token counts.
+   read-only BatchView: per request its id, context length, tokens left, live acceptance statistics
+   (including the length it drafted last step), which draft serves it; for the step the token budget left
+   and the free KV slots.
+2. `observe(feedback)` after verification: per request the drafted and accepted counts (per-position
+   outcomes via `DraftOutcome.outcomes`) and, if `wants_confidences`, the draft's probability of each
+   token it drafted; the step's measured phase times and token counts.
+
+The lengths `plan` returns are final: drafting reads nothing back from the device, so the step keeps its
+one device->host read (the sampler's; on a GPU each further read stalls the pipeline). A policy keeps no
+state between calls beyond what it learns in `observe` (the engine's shared models hold acceptance and
+cost): whatever a decision needs of the past is in the view.
 
 The policy never has to clamp: the scheduler cuts every length to [0, max_drafts] and to what the
 proposer can offer (`RequestView.max_drafts`: a prompt-lookup hit's length), to what the request can
 still commit (max_tokens, max_model_len), to the step's token budget and to the free KV slots, in that
 order, after `plan`. `RequestView.draft` is the draft that will serve the request this step ("ngram"
 where prompt lookup found a hit: no draft forward to pay). Draft confidences are computed only for
-policies that set `wants_confidences` (or `stepwise`); a stepwise policy costs one device->host transfer
-per draft step.
+policies that set `wants_confidences`.
 
 A new policy is one file: subclass Policy, decorate it with `@register("name")`, and select it with
 `"policy": "name"` in `--speculative-config` (its options go in `"policy_options"`). Worked example —
@@ -42,13 +42,12 @@ draft long only while the batch is small, since each drafted token costs more as
 """
 from __future__ import annotations
 
-from specserve.batch import BatchView, RequestView, StepFeedback
+from specserve.batch import BatchView, StepFeedback
 
 
 class Policy:
     name = "policy"
     wants_confidences = False  # compute draft confidences and hand them to observe()
-    stepwise = False           # call keep_drafting() after each draft step and trim() after drafting
     uses_cost_model = False    # the engine profiles the step cost model at startup for it
     models = None              # the engine's SpeculationModels (spec_decode/predictors.py): step cost, acceptance
 
@@ -57,12 +56,6 @@ class Policy:
 
     def plan(self, batch: BatchView) -> list[int]:
         raise NotImplementedError
-
-    def keep_drafting(self, step: int, requests: list[RequestView], confidences: list[list[float]]) -> list[bool]:
-        return [True] * len(requests)
-
-    def trim(self, batch: BatchView, lengths: list[int], confidences: list[list[float]]) -> list[int]:
-        return lengths
 
     def observe(self, feedback: StepFeedback) -> None:
         pass

@@ -34,17 +34,16 @@ class Planned(Policy):
         return len(self.arrivals) / self.window
 
     def plan(self, batch) -> list[int]:
+        return [self.k] * len(batch)
+
+    def observe(self, feedback) -> None:
+        """Counts the requests new to the batch as arrivals; recomputes k at most every `every` seconds."""
         now = time.monotonic()
-        for r in batch.requests:
-            if r.request_id not in self.seen:
-                self.seen.add(r.request_id)
-                self.arrivals.append(now)
+        running = {r.request_id for r in feedback.batch.requests}
+        self.arrivals.extend(now for _ in running - self.seen)
+        self.seen = running  # only the running can come back
         if now - self.decided >= self.every:
             rate = self.rate(now)
             latencies = {k: self.latency.latency(rate, k, e) for k, e in self.candidates.items()}
             self.k = min(latencies, key=lambda k: (latencies[k], k))
             self.decided = now
-        return [self.k] * len(batch)
-
-    def observe(self, feedback) -> None:
-        self.seen = {r.request_id for r in feedback.batch.requests}  # only the running can come back
