@@ -25,7 +25,7 @@ def can_run(model, x: torch.Tensor, kv_cache: torch.Tensor, meta) -> bool:
     if not (x.is_cpu and x.dtype in kernels.DTYPES and kv_cache.dtype == x.dtype and kv_cache.is_cpu
             and x.is_contiguous() and kv_cache.is_contiguous() and meta.short is not None
             and meta.short.num_tokens == x.shape[0] and not torch.is_grad_enabled()
-            and not torch.autograd._profiler_enabled() and kernels._library() is not None):
+            and not torch.autograd._profiler_enabled() and kernels.available()):
         return False
     layer = model.layers[0]
     linears = [layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj]
@@ -57,7 +57,7 @@ def run_layers(model, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_
     qk, attn, act = x.new_empty(T, H + Hkv, D), x.new_empty(T, H * D), x.new_empty(T, inter)
     short = meta.short
     layers = _plan(model)
-    status = getattr(kernels._library(), f"decoder_layers_{kernels.DTYPES[x.dtype]}")(
+    status = kernels.function("decoder_layers", x.dtype)(
         ctypes.addressof(layers), len(layers), x.data_ptr(), T, hidden, h.data_ptr(), qkv.data_ptr(),
         qk.data_ptr(), attn.data_ptr(), act.data_ptr(), H, Hkv, D, inter, cos.data_ptr(), sin.data_ptr(),
         cos.stride(0), kv_cache.data_ptr(), kv_cache[0, 0].numel() * x.element_size(), meta.slot_mapping.data_ptr(),

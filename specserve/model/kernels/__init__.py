@@ -10,7 +10,9 @@ rounding). `model/cpu_forward.py` calls them directly for whole decoder layers.
 
 All go into one library, built for this CPU (-march=native) into the cache directory and named by a
 hash of the sources, the flags and the CPU, so an edited source or another machine sharing the cache
-rebuilds.
+rebuilds. Each exported C function is declared once in PROTOTYPES (parameter names and ctypes types, as
+in the C source), which sets the ctypes argtypes and which tests/model/test_kernel_prototypes.py
+checks against the C prototypes; `function` hands them out.
 """
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ import shutil
 import subprocess
 import tempfile
 from contextlib import nullcontext
+from ctypes import c_float, c_int, c_int32, c_int64, c_void_p
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -88,6 +92,58 @@ def library_id() -> str:
     return Path(lib._name).stem if lib is not None else "none"
 
 
+@dataclass(frozen=True)
+class Prototype:
+    """One exported C function: its return type (None: void) and its parameters in order, named as in
+    the C source. Pointers of any type are c_void_p (the callers pass data_ptr() integers). per_dtype: one
+    function for each of DTYPES, named name_<suffix> (the C sources define them from one macro)."""
+    name: str
+    restype: type | None
+    params: dict[str, type]
+    per_dtype: bool = False
+
+    def c_names(self) -> list[str]:
+        return [_c_name(self.name, s) for s in DTYPES.values()] if self.per_dtype else [self.name]
+
+
+def _c_name(name: str, suffix: str) -> str:
+    return f"{name}_{suffix}"
+
+
+# tests/model/test_kernel_prototypes.py parses the C sources and checks them against these.
+PROTOTYPES = (
+    Prototype("paged_attention_short", c_int, dict(
+        q=c_void_p, q_stride=c_int64, kc=c_void_p, vc=c_void_p, out=c_void_p, seq_start=c_void_p,
+        seq_qlen=c_void_p, seq_ctx=c_void_p, tables=c_void_p, table_stride=c_int32, num_seqs=c_int32,
+        H=c_int32, Hkv=c_int32, D=c_int32, block_size=c_int32, scale=c_float, window=c_int32,
+        num_threads=c_int32), per_dtype=True),
+    Prototype("rms_norm", None, dict(
+        x=c_void_p, x_stride=c_int64, w=c_void_p, out=c_void_p, rows=c_int32, dim=c_int32, eps=c_float,
+        num_threads=c_int32), per_dtype=True),
+    Prototype("rope", None, dict(
+        x=c_void_p, x_stride=c_int64, cos=c_void_p, sin=c_void_p, cs_stride=c_int64, out=c_void_p,
+        tokens=c_int32, heads=c_int32, D=c_int32, num_threads=c_int32), per_dtype=True),
+    Prototype("linear", c_int, dict(
+        w=c_void_p, fmt=c_int32, w_row_bytes=c_int64, N=c_int32, K=c_int32, Kp=c_int32, x=c_void_p,
+        x_stride=c_int64, rows=c_int32, bias=c_void_p, out=c_void_p, out_stride=c_int64, mode=c_int32,
+        num_threads=c_int32), per_dtype=True),
+    Prototype("decoder_layers", c_int, dict(
+        layers=c_void_p, num_layers=c_int32, x=c_void_p, tokens=c_int32, hidden=c_int32, h=c_void_p,
+        qkv=c_void_p, qk=c_void_p, attn=c_void_p, act=c_void_p, H=c_int32, Hkv=c_int32, D=c_int32,
+        inter=c_int32, cos=c_void_p, sin=c_void_p, cs_stride=c_int64, kv_base=c_void_p, cache_bytes=c_int64,
+        slots=c_void_p, block_size=c_int32, seqs=c_void_p, num_seqs=c_int32, tables=c_void_p,
+        table_stride=c_int32, window=c_int32, threads=c_int32), per_dtype=True),
+    Prototype("kv_write", None, dict(
+        k=c_void_p, k_stride=c_int64, v=c_void_p, v_stride=c_int64, kc=c_void_p, vc=c_void_p, slots=c_void_p,
+        tokens=c_int32, Hkv=c_int32, D=c_int32, block_size=c_int32, elem_size=c_int32)),
+    Prototype("dequantize_rows", None, dict(
+        w=c_void_p, fmt=c_int32, w_row_bytes=c_int64, N=c_int32, K=c_int32, out=c_void_p,
+        num_threads=c_int32)),
+    Prototype("argmax_rows_f32", None, dict(
+        x=c_void_p, row_stride=c_int64, rows=c_int32, cols=c_int32, out=c_void_p, num_threads=c_int32)),
+)
+
+
 @functools.cache
 def _library() -> ctypes.CDLL | None:
     if os.environ.get("SPECSERVE_CPU_KERNELS", "1") == "0":
@@ -102,39 +158,10 @@ def _library() -> ctypes.CDLL | None:
         detail = getattr(e, "stderr", "") or str(e)
         log.warning("CPU kernels unavailable, using torch ops: %s", detail.strip()[:300])
         return None
-    for suffix in DTYPES.values():
-        fn = getattr(lib, f"paged_attention_short_{suffix}")
-        fn.restype = ctypes.c_int
-        fn.argtypes = ([ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 7 + [ctypes.c_int32] * 6
-                       + [ctypes.c_float] + [ctypes.c_int32] * 2)
-        fn = getattr(lib, f"rms_norm_{suffix}")
-        fn.restype = None
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 2 + [ctypes.c_int32] * 2 + [
-            ctypes.c_float, ctypes.c_int32]
-        fn = getattr(lib, f"rope_{suffix}")
-        fn.restype = None
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 2 + [ctypes.c_int64, ctypes.c_void_p] + [
-            ctypes.c_int32] * 4
-        fn = getattr(lib, f"linear_{suffix}")
-        fn.restype = ctypes.c_int
-        fn.argtypes = ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64] + [ctypes.c_int32] * 3
-                       + [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p,
-                          ctypes.c_int64, ctypes.c_int32, ctypes.c_int32])
-        fn = getattr(lib, f"decoder_layers_{suffix}")
-        fn.restype = ctypes.c_int
-        fn.argtypes = ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p] + [ctypes.c_int32] * 2
-                       + [ctypes.c_void_p] * 5 + [ctypes.c_int32] * 4 + [ctypes.c_void_p] * 2
-                       + [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int32,
-                          ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p] + [ctypes.c_int32] * 3)
-    lib.kv_write.restype = None
-    lib.kv_write.argtypes = ([ctypes.c_void_p, ctypes.c_int64] * 2 + [ctypes.c_void_p] * 3
-                             + [ctypes.c_int32] * 5)
-    lib.dequantize_rows.restype = None
-    lib.dequantize_rows.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_int32,
-                                    ctypes.c_int32, ctypes.c_void_p, ctypes.c_int32]
-    lib.argmax_rows_f32.restype = None
-    lib.argmax_rows_f32.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32,
-                                    ctypes.c_void_p, ctypes.c_int32]
+    for proto in PROTOTYPES:
+        for name in proto.c_names():
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = proto.restype, list(proto.params.values())
     return lib
 
 
@@ -160,7 +187,7 @@ def short_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     num_blocks, num_kv_heads, block_size, head_dim = k_cache.shape
     assert q.stride(2) == 1 and q.stride(1) == head_dim and out.is_contiguous() and k_cache.is_contiguous()
     assert v_cache.is_contiguous() and seqs.is_contiguous() and block_tables.is_contiguous()
-    fn = getattr(_library(), f"paged_attention_short_{DTYPES[q.dtype]}")
+    fn = function("paged_attention_short", q.dtype)
     with _profiler_range("short_attention"):
         status = fn(q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
                     seqs[0].data_ptr(), seqs[1].data_ptr(), seqs[2].data_ptr(), block_tables.data_ptr(),
@@ -173,6 +200,12 @@ def short_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 def available() -> bool:
     """Whether the C kernels are built (or build now) and enabled."""
     return _library() is not None
+
+
+def function(name: str, dtype: torch.dtype | None = None):
+    """The ctypes function `name` of PROTOTYPES, its argument and return types set (a per-dtype one: its
+    variant for `dtype`); call only when `available()`."""
+    return getattr(_library(), name if dtype is None else _c_name(name, DTYPES[dtype]))
 
 
 def _inference_cpu(*tensors: torch.Tensor) -> bool:
@@ -192,7 +225,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x: [N, dim] (unit stride along dim); weight: [dim]. Returns weight * dtype(x / rms(x)), [N, dim]."""
     out = torch.empty(x.shape, dtype=x.dtype)
     with _profiler_range("rms_norm"):
-        getattr(_library(), f"rms_norm_{DTYPES[x.dtype]}")(
+        function("rms_norm", x.dtype)(
             x.data_ptr(), x.stride(0), weight.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], eps,
             torch.get_num_threads())
     return out
@@ -211,7 +244,7 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate-half rope of x [T, heads, D] with cos, sin [T, 1, D/2]: a new contiguous [T, heads, D]."""
     out = torch.empty(x.shape, dtype=x.dtype)
     with _profiler_range("rope"):
-        getattr(_library(), f"rope_{DTYPES[x.dtype]}")(
+        function("rope", x.dtype)(
             x.data_ptr(), x.stride(0), cos.data_ptr(), sin.data_ptr(), cos.stride(0), out.data_ptr(),
             x.shape[0], x.shape[1], x.shape[2], torch.get_num_threads())
     return out
@@ -225,8 +258,8 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
         return logits.argmax(dim=-1)
     out = torch.empty(logits.shape[0], dtype=torch.long)
     with _profiler_range("argmax"):
-        _library().argmax_rows_f32(logits.data_ptr(), logits.stride(0), logits.shape[0], logits.shape[1],
-                                   out.data_ptr(), torch.get_num_threads())
+        function("argmax_rows_f32")(logits.data_ptr(), logits.stride(0), logits.shape[0], logits.shape[1],
+                                    out.data_ptr(), torch.get_num_threads())
     return out
 
 
@@ -253,7 +286,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, fmt: str, in_features: int, pa
     assert out.stride(1) == 1 and out.dtype == x.dtype and weight.is_contiguous()
     assert bias is None or (bias.dtype == torch.float32 and bias.is_contiguous())
     with _profiler_range("linear"):
-        status = getattr(_library(), f"linear_{DTYPES[x.dtype]}")(
+        status = function("linear", x.dtype)(
             weight.data_ptr(), WEIGHT_FORMATS[fmt], weight.stride(0) * weight.element_size(), n, in_features,
             padded, x.data_ptr(), x.stride(0), rows, None if bias is None else bias.data_ptr(), out.data_ptr(),
             out.stride(0), LINEAR_MODES[mode], torch.get_num_threads())
@@ -265,6 +298,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, fmt: str, in_features: int, pa
 def dequantize(weight: torch.Tensor, fmt: str, in_features: int) -> torch.Tensor:
     """The float32 matrix [N, in_features] that `weight` (rows in `fmt`) holds, exactly."""
     out = torch.empty(weight.shape[0], in_features, dtype=torch.float32)
-    _library().dequantize_rows(weight.data_ptr(), WEIGHT_FORMATS[fmt], weight.stride(0) * weight.element_size(),
-                               weight.shape[0], in_features, out.data_ptr(), torch.get_num_threads())
+    function("dequantize_rows")(weight.data_ptr(), WEIGHT_FORMATS[fmt], weight.stride(0) * weight.element_size(),
+                                weight.shape[0], in_features, out.data_ptr(), torch.get_num_threads())
     return out
