@@ -59,6 +59,7 @@ class EngineReplica:
         from specserve.engine.args import engine_config_from_args
         from specserve.engine.async_engine import AsyncLLMEngine
         from specserve.server.app import build_app
+        from specserve.server.generation_config import resolve
 
         prometheus_client.disable_created_metrics()  # as `specserve serve` does (server/cli.py)
         s = ScaleoutSettings.from_dict(settings)
@@ -68,7 +69,8 @@ class EngineReplica:
         self.engine = AsyncLLMEngine(engine_config_from_args(SimpleNamespace(**s.engine)),
                                      stall_timeout=s.engine_stall_timeout)
         self.app = build_app(self.engine, list(s.served_model_names), s.api_key, s.max_queue,
-                             max_request_bytes=s.max_request_bytes, timeout_read=s.timeout_read)
+                             max_request_bytes=s.max_request_bytes, timeout_read=s.timeout_read,
+                             sampling_defaults=resolve(s.generation_config, s.engine["model"])[0])
         self.engine.start()  # what the app's lifespan would do: the bridge calls the app without one
         self.recent = RecentLatency()
         self.engine.output_listeners.append(self.recent.on_output)

@@ -51,6 +51,7 @@ class ScaleoutSettings:
     timeout_read: float = 15.0
     timeout_keep_alive: float = 5.0
     engine_stall_timeout: float = 60.0
+    generation_config: str = "auto"  # the replicas' sampling defaults (server/generation_config.py)
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -114,7 +115,8 @@ class ScaleoutSettings:
                    max_queue=args.max_queue, max_retries=args.max_retries,
                    gpus_per_replica=args.gpus_per_replica, drain_timeout=args.drain_timeout,
                    max_request_bytes=args.max_request_bytes, timeout_read=args.timeout_read,
-                   timeout_keep_alive=args.timeout_keep_alive, engine_stall_timeout=args.engine_stall_timeout)
+                   timeout_keep_alive=args.timeout_keep_alive, engine_stall_timeout=args.engine_stall_timeout,
+                   generation_config=args.generation_config)
 
 
 def parse_session_fields(text: str | None) -> tuple[str, ...]:

@@ -81,9 +81,8 @@ def _serve(args) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
     log = logging.getLogger("specserve.server")
     if args.replicas is not None:  # N engines on Ray Serve (specserve/scaleout/)
-        if args.generation_config != "auto":  # each replica's app resolves its model's own (app.build_app)
-            raise SpecServeError(f"--generation-config {args.generation_config} does not reach --replicas yet: "
-                                 "each replica applies its model's own sampling defaults (auto)")
+        from specserve.server.generation_config import resolve
+        log.info(resolve(args.generation_config, args.model)[1])  # a bad folder fails here, before Ray starts
         from specserve.scaleout.launch import serve_replicas
         args.speculative_config, why = speculative_choice(args.speculative_config, args.model)
         log.info(why)

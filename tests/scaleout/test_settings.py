@@ -33,7 +33,9 @@ def test_session_fields():
 
 def test_from_the_serve_command_line():
     args = build_parser().parse_args(["serve", "--replicas", "2", "--num-threads", "1", "--model", "m",
-                                      "--session-field", "none", "--router", "pow2", "--max-retries", "0"])
+                                      "--session-field", "none", "--router", "pow2", "--max-retries", "0",
+                                      "--generation-config", "vllm"])
     s = ScaleoutSettings.from_args(args)
     assert (s.replicas, s.num_threads, s.router, s.session_fields, s.max_retries) == (2, 1, "pow2", (), 0)
+    assert ScaleoutSettings.from_dict(s.to_dict()).generation_config == "vllm"  # reaches every replica
     assert build_parser().parse_args(["serve"]).replicas is None  # no flag: the single-process server

@@ -129,7 +129,7 @@ def test_requests_map_to_params_with_and_without_defaults():
     assert (p.temperature, p.top_p, p.max_tokens) == (1.5, 0.9, 90)
 
 
-def test_serve_refuses_a_folder_without_the_file_before_loading(tmp_path):
+def test_serve_refuses_a_folder_without_the_file_before_loading_or_starting_replicas(tmp_path):
     def serve(*args):  # a process of its own: `serve` sets process-wide logging and metrics options
         proc = subprocess.run([sys.executable, "-m", "specserve", "serve", "--port", "0", *args],
                               capture_output=True, text=True, timeout=120)
@@ -137,5 +137,5 @@ def test_serve_refuses_a_folder_without_the_file_before_loading(tmp_path):
 
     code, err = serve("--model", str(tmp_path), "--generation-config", str(tmp_path))
     assert code == 2 and "has none" in err and "generation_config.json" in err
-    code, err = serve("--replicas", "2", "--generation-config", "vllm")
-    assert code == 2 and "--replicas" in err
+    code, err = serve("--replicas", "2", "--generation-config", str(tmp_path))  # before Ray starts
+    assert code == 2 and "has none" in err
