@@ -1,5 +1,6 @@
 """Host-side work per engine step: the time a step spends outside the models' forwards, and how many
-tensor -> Python reads it makes (each one a device->host synchronisation on a GPU), at 1 and 32 running
+device->host reads it makes (each a synchronisation on a GPU: a `device_sync.to_host` call, which reads
+several tensors at once, or any other tensor -> Python conversion in the engine), at 1 and 32 running
 requests, with plain decoding and with speculation; and the speculation policy's own time (the
 controller: plan and observe), e.g. the adaptive policy's (`--configs adaptive`).
 
@@ -49,7 +50,8 @@ def instrument():
 
         def counted(self, *args, _original=original, **kwargs):
             caller = sys._getframe(1).f_code.co_filename
-            if "/specserve/" in caller and "/model/" not in caller:  # engine-side reads, not host metadata
+            # engine-side reads, not host metadata; device_sync.to_host's are counted per call below
+            if "/specserve/" in caller and "/model/" not in caller and not caller.endswith("device_sync.py"):
                 clock["reads"] += 1
             return _original(self, *args, **kwargs)
         setattr(torch.Tensor, name, counted)
@@ -57,7 +59,7 @@ def instrument():
 
 
 def measure(spec: str | None, running: int, steps: int, threads: int) -> dict:
-    from specserve import LLM, SamplingParams
+    from specserve import LLM, SamplingParams, device_sync
     from bench.engine_throughput import load_prompts
     clock = instrument()
     llm = LLM(model="smollm2-135m", max_num_seqs=64, num_threads=threads, speculative_config=spec)
@@ -80,11 +82,11 @@ def measure(spec: str | None, running: int, steps: int, threads: int) -> dict:
         engine.step()
     step_s, forward_s, reads, policy_s = [], [], [], []
     for _ in range(steps):
-        f0, r0, p0, t0 = clock["forward"], clock["reads"], clock["policy"], time.perf_counter()
+        f0, r0, p0, t0 = clock["forward"], clock["reads"] + device_sync.transfers, clock["policy"], time.perf_counter()
         engine.step()
         step_s.append(time.perf_counter() - t0)
         forward_s.append(clock["forward"] - f0)
-        reads.append(clock["reads"] - r0)
+        reads.append(clock["reads"] + device_sync.transfers - r0)
         policy_s.append(clock["policy"] - p0)
     host = [s - f for s, f in zip(step_s, forward_s)]
     return {"running": running, "step_ms": statistics.median(step_s) * 1e3,
