@@ -20,12 +20,32 @@ from specserve.spec_decode.proposer import Drafter
 
 @dataclass(slots=True)
 class FeatureBuffer:
-    start: int            # position of rows[0]
-    rows: torch.Tensor    # [n, hidden] target hidden states of positions start .. start + n - 1
+    """Target hidden states of positions start .. end - 1, in storage that grows by doubling: a request
+    that drafts rarely keeps every committed position's row until it drafts, and a copy of all of them
+    at every step would cost O(length) per step."""
+    start: int
+    storage: torch.Tensor  # [capacity, hidden]
+    size: int = 0
 
     @property
     def end(self) -> int:
-        return self.start + len(self.rows)
+        return self.start + self.size
+
+    def write(self, start: int, rows: torch.Tensor) -> None:
+        """Rows of positions start .. start + n - 1, start in [self.start, self.end]: later rows are dropped."""
+        at, need = start - self.start, start - self.start + len(rows)
+        if need > len(self.storage):
+            grown = self.storage.new_empty(max(need, 2 * len(self.storage)), self.storage.shape[1])
+            grown[:at] = self.storage[:at]
+            self.storage = grown
+        self.storage[at:need] = rows
+        self.size = need
+
+    def take(self, first: int, last: int) -> torch.Tensor:
+        """A copy of the rows of positions first .. last; the buffer then starts empty at last + 1."""
+        rows = self.storage[first - self.start:last + 1 - self.start].clone()
+        self.start, self.size = last + 1, 0
+        return rows
 
 
 class EagleProposer:
@@ -45,19 +65,17 @@ class EagleProposer:
         """The target's hidden states [n, hidden] of committed positions start .. start + n - 1."""
         buf = self.features.get(seq.request_id)
         if buf is None or not buf.start <= start <= buf.end:  # first rows, or a recompute after preemption
-            self.features[seq.request_id] = FeatureBuffer(start, rows.clone())
-        else:
-            buf.rows = torch.cat([buf.rows[:start - buf.start], rows])
+            buf = self.features[seq.request_id] = FeatureBuffer(start, rows.new_empty(len(rows), rows.shape[1]))
+        buf.write(start, rows)
 
     def _pending_features(self, seq) -> torch.Tensor:
         """f_{j-1} for every draft row j from the draft cache's end to the last token (zeros before position 0)."""
         first, last = self.drafter.computed.get(seq.request_id, 0) - 1, len(seq.token_ids) - 2
         buf = self.features[seq.request_id]
-        rows = buf.rows[max(first, 0) - buf.start:last + 1 - buf.start]
+        assert buf.start <= max(first, 0) and last < buf.end, "EAGLE draft is missing target features"
+        rows = buf.take(max(first, 0), last)  # consumed: the next rows start at len - 1
         if first < 0:
             rows = torch.cat([rows.new_zeros(1, rows.shape[1]), rows])
-        assert len(rows) == last - first + 1, "EAGLE draft is missing target features"
-        self.features[seq.request_id] = FeatureBuffer(last + 1, rows[:0])  # consumed: next rows start at len - 1
         return rows
 
     def on_commit(self, seq, num_committed: int) -> None:

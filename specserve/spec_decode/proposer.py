@@ -14,7 +14,6 @@ keyed by request id; it reads a request's tokens and block table and writes noth
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from specserve.batch import ForwardItem, Proposal, ScheduledSeq
@@ -22,6 +21,30 @@ from specserve.model.kernels import argmax_rows
 from specserve.spec_decode.config import NGRAM
 from specserve.sampling import RowParams, exponentials, process, race
 
+
+
+class NgramIndex:
+    """The latest start of every n-gram (n in min_n..max_n) of a growing token list whose next token is
+    known, updated with the tokens added since the last lookup: O(new tokens) per step, not O(length)."""
+
+    def __init__(self, min_n: int, max_n: int):
+        self.min_n, self.max_n = min_n, max_n
+        self.latest: dict[int, dict[tuple, int]] = {n: {} for n in range(min_n, max_n + 1)}
+        self.length = 0  # tokens indexed: every n-gram starting at s <= length - 1 - n is in `latest`
+
+    def find(self, tokens: list[int], k: int) -> list[int]:
+        """The (at most k) tokens that followed the latest earlier occurrence of the last n tokens, n from
+        max_n down to min_n; [] when none recurs."""
+        size = len(tokens)
+        for n, latest in self.latest.items():
+            for start in range(max(0, self.length - n), size - n):
+                latest[tuple(tokens[start:start + n])] = start
+        self.length = size
+        for n in range(min(self.max_n, size - 1), self.min_n - 1, -1):
+            start = self.latest[n].get(tuple(tokens[size - n:]))
+            if start is not None:
+                return tokens[start + n:start + n + k]
+        return []
 
 
 class NgramProposer:
@@ -34,6 +57,7 @@ class NgramProposer:
     def __init__(self, prompt_lookup_min: int, prompt_lookup_max: int, device="cpu"):
         self.min_n, self.max_n = prompt_lookup_min, prompt_lookup_max
         self.device = torch.device(device)
+        self.indexes: dict[str, NgramIndex] = {}  # request id -> its tokens' n-grams
         self.hits: dict[str, tuple[int, int, list[int]]] = {}  # request id -> (length, k, its hit there)
 
     def propose(self, prefills: list[ScheduledSeq], decodes: list[ScheduledSeq], confidences=False) -> Proposal:
@@ -49,18 +73,13 @@ class NgramProposer:
         before the policy plans (at the ceiling) and the proposer drafts after it (at the planned length)."""
         memo = self.hits.get(seq.request_id)
         if memo is None or memo[0] != len(seq.token_ids) or memo[1] < k:
-            memo = self.hits[seq.request_id] = (len(seq.token_ids), k, self.lookup(seq.token_ids, k))
+            index = self.indexes.setdefault(seq.request_id, NgramIndex(self.min_n, self.max_n))
+            memo = self.hits[seq.request_id] = (len(seq.token_ids), k, self.lookup(seq.token_ids, k, index))
         return memo[2][:k]
 
-    def lookup(self, tokens: list[int], k: int) -> list[int]:
-        arr = np.asarray(tokens)
-        for n in range(min(self.max_n, len(arr) - 1), self.min_n - 1, -1):
-            windows = np.lib.stride_tricks.sliding_window_view(arr[:-1], n)
-            hits = np.flatnonzero((windows == arr[-n:]).all(axis=1))
-            if len(hits):
-                start = hits[-1] + n
-                return arr[start:start + k].tolist()
-        return []
+    def lookup(self, tokens: list[int], k: int, index: NgramIndex | None = None) -> list[int]:
+        """The lookup's proposal for `tokens`; `index`: the request's, brought up to date on the way."""
+        return (index or NgramIndex(self.min_n, self.max_n)).find(tokens, k)
 
     def on_commit(self, seq, num_committed: int) -> None:
         pass
@@ -70,6 +89,7 @@ class NgramProposer:
 
     def free(self, request_id: str) -> None:
         self.hits.pop(request_id, None)
+        self.indexes.pop(request_id, None)
 
 
 def lookup_proposal(found: list[list[int]], confidences: bool, device) -> Proposal:

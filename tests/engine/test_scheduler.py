@@ -9,7 +9,7 @@ from specserve.engine.sequence import Sequence, Status
 
 
 def seq(rid, prompt_len, max_tokens=32, output=0):
-    s = Sequence(str(rid), list(range(1, prompt_len + 1)), SamplingParams(max_tokens=max_tokens, temperature=0), [0])
+    s = Sequence(str(rid), list(range(1, prompt_len + 1)), SamplingParams(max_tokens=max_tokens, temperature=0))
     s.token_ids += [7] * output
     return s
 
