@@ -10,11 +10,15 @@
 A request can only fail itself: an exception while adding it goes to that request. A step that fails is
 retried once without its newest request, the others recomputed from their tokens (a failed step may have
 left draft caches half-written); if the next step fails too, everything in flight fails.
+
+A test hook: with SPECSERVE_TEST_STEP_PACE_S=x in its environment the loop sleeps x s after every step, so a
+request of n tokens takes at least n*x/(k+1) s on any machine and a test can act while it provably still runs.
 """
 from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import queue
 import time
 from dataclasses import dataclass
@@ -24,6 +28,7 @@ from specserve.errors import SpecServeError
 log = logging.getLogger("specserve.engine")
 
 IDLE_WAIT_S = 0.5  # the longest the loop waits for a command, between heartbeats, while there is nothing to do
+STEP_PACE_ENV = "SPECSERVE_TEST_STEP_PACE_S"  # tests only: seconds to sleep after every step (see above)
 
 
 class EngineDeadError(RuntimeError):
@@ -45,6 +50,7 @@ class EngineLoop:
         self.engine, self.commands, self.emit = engine, commands, emit
         self.stopped = False
         self._recovering = False  # the last step failed and its suspect was removed
+        self.pace = float(os.environ.get(STEP_PACE_ENV) or 0)
 
     def run(self) -> None:
         try:
@@ -61,6 +67,8 @@ class EngineLoop:
                     continue
                 self._recovering = False
                 self.emit(("step", outputs, self.engine.last_stats, self.gauges()))
+                if self.pace:
+                    time.sleep(self.pace)
         except BaseException as e:  # a bug outside the step guard: say so everywhere rather than hang
             log.critical("the engine loop died", exc_info=e)
             self.emit(("died", f"the engine loop died: {type(e).__name__}: {e}"))
@@ -116,7 +124,6 @@ class EngineLoop:
 
 def run_engine_process(config, commands, messages) -> None:
     """The entry point of the engine's own process: build the engine, then loop until told to stop."""
-    import os
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C is the server's to handle (it drains, then stops us)

@@ -2,7 +2,13 @@
 
 Each server binds port 0 (a free port the kernel picks) and names it in its startup line, so there is no
 race for a port. Output goes to a file, not a pipe: a pipe nobody reads would block a chatty server.
+
+No test here may depend on how fast this machine is. A test that must act while a request is still running
+uses a paced server (PACED: the engine sleeps PACE_S after every step, so a request of n tokens runs at least
+n * PACE_S / (k + 1) seconds on any machine), or freezes the engine process (`EngineFreeze`); a test that
+waits for something polls for it with a timeout that only guards against a hang.
 """
+import asyncio
 import os
 import re
 import signal
@@ -14,18 +20,26 @@ from pathlib import Path
 import httpx
 import pytest
 
+from specserve.engine.engine_loop import STEP_PACE_ENV
+
 STARTUP_TIMEOUT_S = 90
 URL_RE = re.compile(r"specserve serving (http://127\.0\.0\.1:\d+)/v1")
 # A fraction (< 1) of free memory, so a few tens of MB on a typical machine: room for the tests' requests
 # (50 at once of under 100 tokens, or one of max_model_len 1024) and far less than a GiB.
 SMALL_KV = "0.002"
+# A floor on each engine step: 1000 tokens take >= 5 s with speculation (k = 3) and >= 20 s without, while the
+# few-token requests of a test slow down by tenths of a second.
+PACE_S = 0.02
+PACED = {STEP_PACE_ENV: str(PACE_S)}
+ENGINE_READY_RE = re.compile(r"engine process (\d+) ready")
 
 
 class ServerProcess:
-    def __init__(self, args: list[str], log_path: Path, startup_timeout: float = STARTUP_TIMEOUT_S):
+    def __init__(self, args: list[str], log_path: Path, startup_timeout: float = STARTUP_TIMEOUT_S,
+                 env: dict[str, str] | None = None):
         self.log_path, self.startup_timeout = log_path, startup_timeout
         self._log = open(log_path, "wb")
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
         env.pop("SPECSERVE_API_KEY", None)
         self.proc = subprocess.Popen([sys.executable, "-m", "specserve", "serve", "--host", "127.0.0.1",
                                       "--port", "0", "--num-threads", "1", *args],
@@ -52,6 +66,11 @@ class ServerProcess:
             time.sleep(0.1)
         self.stop()
         raise RuntimeError(f"server not ready after {self.startup_timeout} s:\n{self.log}")
+
+    @property
+    def engine_pid(self) -> int:
+        """The engine's own process (the server logs its pid once it is ready, before the server is)."""
+        return int(ENGINE_READY_RE.search(self.log).group(1))
 
     def metrics(self) -> dict[str, float]:
         """`name{labels}` -> value, labels as written (sorted by prometheus_client)."""
@@ -84,6 +103,21 @@ class ServerProcess:
         return self.proc.returncode
 
 
+class EngineFreeze:
+    """`with EngineFreeze(server):` stops the engine process (SIGSTOP) and continues it on leaving: nothing
+    steps meanwhile, whatever the machine's speed, while the server's HTTP side keeps answering."""
+
+    def __init__(self, server: ServerProcess):
+        self.pid = server.engine_pid
+
+    def __enter__(self) -> "EngineFreeze":
+        os.kill(self.pid, signal.SIGSTOP)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        os.kill(self.pid, signal.SIGCONT)
+
+
 def wait_until(predicate, timeout: float = 20, interval: float = 0.05) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -93,27 +127,60 @@ def wait_until(predicate, timeout: float = 20, interval: float = 0.05) -> bool:
     return predicate()
 
 
+async def all_in_server(server: ServerProcess, n: int, running: int, timeout: float = 30) -> None:
+    """Until the server holds all `n` requests, `running` of them running and the rest waiting (with the
+    engine frozen, none runs: they wait in the server until it continues)."""
+    for _ in range(int(timeout / 0.05)):
+        if (server.metric("specserve:num_requests_running") == running
+                and server.metric("specserve:num_requests_waiting") == n - running):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the server never held {n} requests ({running} running)")
+
+
+def accepted_again(server: ServerProcess, headers: dict, timeout: float = 30) -> httpx.Response:
+    """A 2-token completion, sent until it is not refused with 429: after a client left the request that
+    held the last slot, the slot frees once the server has seen it go."""
+    def send() -> httpx.Response:
+        return httpx.post(server.base_url + "/completions", headers=headers, timeout=30,
+                          json={"model": "tiny", "prompt": "hi", "max_tokens": 2})
+    assert wait_until(lambda: send().status_code != 429, timeout=timeout)
+    return send()
+
+
 def tiny_args(target, *extra) -> list[str]:
     return ["--model", str(target), "--dtype", "float32", "--kv-cache-memory", SMALL_KV,
             "--max-model-len", "1024", *extra]
 
 
+def _spec_server(tiny_target, tiny_draft, log_path: Path, env: dict[str, str] | None = None) -> ServerProcess:
+    return ServerProcess(tiny_args(tiny_target, "--speculative-config",
+                                   f'{{"model": "{tiny_draft}", "num_speculative_tokens": 3}}',
+                                   "--served-model-name", "tiny", "tiny-alias"), log_path, env=env)
+
+
 @pytest.fixture(scope="session")
 def spec_server(tiny_target, tiny_draft, tmp_path_factory):
     """The tiny target with the tiny draft, k = 3, no API key: most tests run against it."""
-    server = ServerProcess(tiny_args(tiny_target, "--speculative-config",
-                                     f'{{"model": "{tiny_draft}", "num_speculative_tokens": 3}}',
-                                     "--served-model-name", "tiny", "tiny-alias"),
-                           tmp_path_factory.mktemp("server") / "spec.log")
+    server = _spec_server(tiny_target, tiny_draft, tmp_path_factory.mktemp("server") / "spec.log")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def paced_server(tiny_target, tiny_draft, tmp_path_factory):
+    """spec_server, paced (PACE_S a step): a long request provably still runs while a test acts on it."""
+    server = _spec_server(tiny_target, tiny_draft, tmp_path_factory.mktemp("server") / "paced.log", env=PACED)
     yield server
     server.stop()
 
 
 @pytest.fixture(scope="session")
 def keyed_server(tiny_target, tmp_path_factory):
-    """API key on, one running request at most and no queue: for 401 and 429."""
+    """API key on, one running request at most and no queue: for 401 and 429. Paced, so that a request
+    holding the one slot provably still holds it when the next one comes."""
     server = ServerProcess(tiny_args(tiny_target, "--speculative-config", "none", "--api-key", "sekret",
                                      "--served-model-name", "tiny", "--max-num-seqs", "1", "--max-queue", "0"),
-                           tmp_path_factory.mktemp("server") / "keyed.log")
+                           tmp_path_factory.mktemp("server") / "keyed.log", env=PACED)
     yield server
     server.stop()

@@ -247,20 +247,21 @@ def _kv_free(server) -> bool:
 
 
 @pytest.mark.parametrize("stream", [True, False])
-def test_client_disconnect_aborts_the_request_and_frees_its_kv(spec_server, stream):
-    aborts = spec_server.metric("specserve:request_success_total", finished_reason="abort")
-    # long enough (seconds) that it cannot finish before the client leaves
+def test_client_disconnect_aborts_the_request_and_frees_its_kv(paced_server, stream):
+    server = paced_server
+    aborts = server.metric("specserve:request_success_total", finished_reason="abort")
+    # a paced engine: 1000 tokens take >= 1000 * PACE_S / (k + 1) (5 s) on any machine: the client leaves first
     body = {"model": MODEL, "prompt": "a long one", "max_tokens": 1000, "temperature": 0, "ignore_eos": True,
             "stream": stream}
     if stream:
-        with httpx.stream("POST", spec_server.base_url + "/completions", json=body, timeout=30) as resp:
+        with httpx.stream("POST", server.base_url + "/completions", json=body, timeout=30) as resp:
             lines = resp.iter_lines()  # kept: dropping a half-read iterator would close the connection already
             first = next(l for l in lines if l.startswith("data: "))
             assert json.loads(first[6:])["choices"]
-            assert spec_server.metric("specserve:kv_cache_usage_perc") > 0  # it is still generating
+            assert server.metric("specserve:kv_cache_usage_perc") > 0  # it is still generating
         # leaving the `with` closes the connection mid-stream
     else:
         with pytest.raises(httpx.ReadTimeout):
-            httpx.post(spec_server.base_url + "/completions", json=body, timeout=httpx.Timeout(30, read=0.05))
-    assert wait_until(lambda: _kv_free(spec_server), timeout=20)
-    assert spec_server.metric("specserve:request_success_total", finished_reason="abort") == aborts + 1
+            httpx.post(server.base_url + "/completions", json=body, timeout=httpx.Timeout(30, read=0.05))
+    assert wait_until(lambda: _kv_free(server), timeout=20)
+    assert server.metric("specserve:request_success_total", finished_reason="abort") == aborts + 1

@@ -37,6 +37,11 @@ async def collect(engine, prompt, params, rid=None):
     return final
 
 
+async def collect_rest(gen):
+    async for _ in gen:
+        pass
+
+
 def client(app) -> httpx.AsyncClient:
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app, raise_app_exceptions=False),
                              base_url="http://test", timeout=TIMEOUT)
@@ -67,20 +72,19 @@ def test_a_request_the_engine_cannot_add_fails_alone(engine):
 def test_a_dead_engine_loop_fails_health_its_streams_and_new_requests(engine):
     app = build_app(engine, "tiny")
     engine.start()
+    has_unfinished = engine.engine.has_unfinished
+
+    def broken():  # the loop calls it between steps: it breaks right after the stream's first token
+        if any(seq.num_output_tokens for seq in engine.engine.requests.values()):
+            raise RuntimeError("a bug outside the step guard")
+        return has_unfinished()
+    engine.engine.has_unfinished = broken
 
     async def main():
         async with client(app) as http:
             assert (await http.get("/health")).status_code == 200
             stream = asyncio.create_task(http.post("/v1/completions", json={
                 "prompt": "in flight", "max_tokens": 1000, "ignore_eos": True, "stream": True}))
-            for _ in range(200):
-                if engine.engine.requests:
-                    break
-                await asyncio.sleep(0.02)
-
-            def broken():
-                raise RuntimeError("a bug outside the step guard")
-            engine.engine.has_unfinished = broken  # the loop calls it between steps
             streamed = await asyncio.wait_for(stream, TIMEOUT)
             health = await http.get("/health")
             new = await http.post("/v1/completions", json={"prompt": "too late", "max_tokens": 2})
@@ -103,12 +107,12 @@ def test_a_hung_step_fails_health_until_the_loop_advances(tiny_target):
     engine = make_engine(tiny_target, stall_timeout=0.5)
     app = build_app(engine, "tiny")
     engine.start()
-    real_step, hung = engine.engine.step, threading.Event()
+    real_step, hung, release = engine.engine.step, threading.Event(), threading.Event()
 
     def step():
         if not hung.is_set():
             hung.set()
-            time.sleep(3)  # one step that hangs for a while
+            release.wait(TIMEOUT)  # one step that hangs until the test has seen /health fail
         return real_step()
     engine.engine.step = step
 
@@ -116,10 +120,13 @@ def test_a_hung_step_fails_health_until_the_loop_advances(tiny_target):
         async with client(app) as http:
             assert (await http.get("/health")).status_code == 200
             request = asyncio.create_task(http.post("/v1/completions", json={"prompt": "hang", "max_tokens": 4}))
-            while not hung.is_set():
-                await asyncio.sleep(0.02)
-            await asyncio.sleep(1.0)
-            during = await http.get("/health")
+            assert await asyncio.to_thread(hung.wait, TIMEOUT)
+            for _ in range(TIMEOUT * 20):  # 0.5 s (stall_timeout) after the loop's last message
+                during = await http.get("/health")
+                if during.status_code != 200:
+                    break
+                await asyncio.sleep(0.05)
+            release.set()
             done = await request
             after = await http.get("/health")
             return during, done, after
@@ -127,6 +134,7 @@ def test_a_hung_step_fails_health_until_the_loop_advances(tiny_target):
     try:
         during, done, after = asyncio.run(main())
     finally:
+        release.set()
         engine.shutdown()
     assert during.status_code == 503 and "has not advanced" in during.json()["error"]["message"]
     assert done.status_code == 200 and after.status_code == 200
@@ -138,24 +146,31 @@ def test_tokenization_does_not_block_the_event_loop(engine, monkeypatch):
     app = build_app(engine, "tiny")
     engine.start()
     real_encode = engine.tokenizer.encode
+    encoding, release, encoded = threading.Event(), threading.Event(), threading.Event()
 
-    def slow_encode(*args, **kwargs):
-        time.sleep(1.5)  # a large prompt: the thread that tokenizes is busy
+    def slow_encode(*args, **kwargs):  # a large prompt: it tokenizes until the test lets it finish
+        encoding.set()
+        release.wait(TIMEOUT)  # (on the event loop, it would hold /health for all of this, then fail below)
+        encoded.set()
         return real_encode(*args, **kwargs)
     monkeypatch.setattr(engine.tokenizer, "encode", slow_encode)
 
     async def main():
         async with client(app) as http:
             request = asyncio.create_task(http.post("/v1/completions", json={"prompt": "slow", "max_tokens": 2}))
-            t0 = time.monotonic()
-            await asyncio.sleep(0.2)  # the request is tokenizing by now; a blocked loop overruns this sleep too
+            while not encoding.is_set():
+                await asyncio.sleep(0.01)
             health = await http.get("/health")
-            waited = time.monotonic() - t0 - 0.2
-            return await request, health, waited
+            answered_while_encoding = not encoded.is_set()
+            release.set()
+            return await request, health, answered_while_encoding
 
-    done, health, waited = asyncio.run(main())
+    try:
+        done, health, answered_while_encoding = asyncio.run(main())
+    finally:
+        release.set()
     assert done.status_code == 200 and health.status_code == 200
-    assert waited < 0.75, f"/health waited {waited:.2f} s for the tokenizer"
+    assert answered_while_encoding, "/health waited for the tokenizer"
 
 
 def test_a_hopeless_prompt_is_refused_before_tokenizing(engine, monkeypatch):
@@ -217,16 +232,18 @@ def test_a_closed_stream_frees_its_kv_within_one_step(engine):
         held = list(seq.block_table)
         await gen.aclose()  # what the server does when the client disconnects: the abort is queued
         closed_at = len(still_there)
-        while "gone" in engine.engine.requests:
-            await asyncio.sleep(0.001)
+        # Queued after the abort, so each of its 8 steps (one token a step) comes after the abort was taken,
+        # however far the engine thread ran ahead of this one (the other request may be done by now).
+        later = await asyncio.wait_for(collect(engine, "comes later", SamplingParams(max_tokens=8, ignore_eos=True)),
+                                       TIMEOUT)
         table_after = list(seq.block_table)
         await asyncio.wait_for(other, TIMEOUT)
-        return closed_at, held, table_after
+        return closed_at, held, table_after, later
 
-    closed_at, held, table_after = asyncio.run(main())
+    closed_at, held, table_after, later = asyncio.run(main())
     # only the step in progress when the client left may still carry it; the loop takes the abort right after
     assert sum(still_there[closed_at:]) <= 1, still_there
-    assert len(still_there) > closed_at + 5  # the other request kept stepping afterwards
+    assert len(later.token_ids) == 8 and len(still_there) >= closed_at + 8  # steps after the abort: it was gone
     assert held and table_after == []  # its blocks went back to the free list
 
 
@@ -245,7 +262,8 @@ def test_a_failing_step_fails_only_its_newest_request_and_the_rest_stay_identica
     finally:
         clean.shutdown()
     engine = make_engine(tiny_target)
-    execute = engine.engine.executor.execute
+    execute, step = engine.engine.executor.execute, engine.engine.step
+    all_decoding, poison_sent = threading.Event(), threading.Event()
 
     def faulty(plan):
         if any(s.seq.request_id == "poison" for s in plan.decodes + plan.prefills):
@@ -253,16 +271,31 @@ def test_a_failing_step_fails_only_its_newest_request_and_the_rest_stay_identica
         return execute(plan)
     engine.engine.executor.execute = faulty
 
+    def held_step():
+        # The first step after all three have tokens waits until the poisoned request is queued: the loop
+        # takes it before its next step, so it arrives while all three still run, on any machine.
+        seqs = [engine.engine.requests.get(f"p{i}") for i in range(3)]
+        if not poison_sent.is_set() and all(seq is not None and seq.num_output_tokens for seq in seqs):
+            all_decoding.set()
+            poison_sent.wait(TIMEOUT)
+        return step()
+    engine.engine.step = held_step
+
     async def main():
-        good = [asyncio.create_task(collect(engine, f"p{i}", greedy)) for i in range(3)]
-        await asyncio.sleep(0.2)  # the three are running when the poisoned request arrives
+        good = [asyncio.create_task(collect(engine, f"p{i}", greedy, f"p{i}")) for i in range(3)]
+        assert await asyncio.to_thread(all_decoding.wait, TIMEOUT)
+        poison = asyncio.create_task(collect(engine, "poison", greedy, "poison"))
+        await asyncio.sleep(0)  # its first slice queues it (generate() has no await before the queueing)
+        assert engine.num_requests == 4
+        poison_sent.set()
         with pytest.raises(EngineDeadError, match="NaN"):
-            await asyncio.wait_for(collect(engine, "poison", greedy, "poison"), TIMEOUT)
+            await asyncio.wait_for(poison, TIMEOUT)
         return await asyncio.wait_for(asyncio.gather(*good), TIMEOUT)
 
     try:
         got = asyncio.run(main())
     finally:
+        poison_sent.set()
         engine.shutdown()
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
     assert all(o.finish_reason == "length" for o in got)
@@ -287,24 +320,30 @@ def test_a_step_that_fails_without_its_suspect_too_fails_everything_in_flight(ti
 
 # ---- the engine in its own process (what `specserve serve` runs) ---------------------------------------------
 
-def test_the_engine_process_gives_what_the_thread_gives_and_its_death_is_seen(tiny_target):
+def test_the_engine_process_gives_what_the_thread_gives_and_its_death_is_seen(tiny_target, monkeypatch):
     import os
     import signal
 
+    from specserve.engine.engine_loop import STEP_PACE_ENV
+
     config = EngineConfig(model=str(tiny_target), dtype="float32", num_kv_blocks=128, max_model_len=1024)
     greedy = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    pace = 0.02  # the engine process sleeps this long after each step: 1000 tokens take >= 20 s on any machine
+    monkeypatch.setenv(STEP_PACE_ENV, str(pace))
+    away = AsyncLLMEngine(config, process=True)  # spawned with the pace in its environment
+    monkeypatch.delenv(STEP_PACE_ENV)
     here = AsyncLLMEngine(config)
-    away = AsyncLLMEngine(config, process=True)
 
     async def run(engine, n=3):
         return await asyncio.wait_for(asyncio.gather(*(collect(engine, f"p{i}", greedy) for i in range(n))), TIMEOUT)
 
     async def killed():
-        long = asyncio.create_task(collect(away, "long", SamplingParams(max_tokens=100_000 // 100, ignore_eos=True)))
-        await asyncio.sleep(0.3)
+        long = away.generate("long", SamplingParams(max_tokens=1000, ignore_eos=True))
+        first = await asyncio.wait_for(long.__anext__(), TIMEOUT)  # it runs, with >= 999 * pace s to go
+        assert not first.finished
         os.kill(away._process.pid, signal.SIGKILL)
         with pytest.raises(EngineDeadError, match="exited"):
-            await asyncio.wait_for(long, TIMEOUT)
+            await asyncio.wait_for(collect_rest(long), TIMEOUT)
 
     try:
         assert [o.token_ids for o in asyncio.run(run(away))] == [o.token_ids for o in asyncio.run(run(here))]

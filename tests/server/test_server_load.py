@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from specserve import SamplingParams
-from tests.server.conftest import ServerProcess, tiny_args, wait_until
+from tests.server.conftest import EngineFreeze, ServerProcess, all_in_server, tiny_args, wait_until
 
 MODEL = "tiny"
 
@@ -132,10 +132,15 @@ def test_kv_exhaustion_with_speculation_preempts_without_deadlock_or_changed_out
 
     async def main():
         async with httpx.AsyncClient(timeout=300) as http:
-            return await asyncio.wait_for(asyncio.gather(*(
-                stream(http, server.base_url + "/completions",
-                       {"model": MODEL, "prompt": p, "max_tokens": n, "temperature": 0, "ignore_eos": True})
-                for p, n in zip(prompts, lengths))), 300)  # a deadlock fails here instead of hanging
+            # All eight reach the engine at once (it is frozen until the server holds them): as much contention
+            # for the KV cache on any machine, however fast its engine runs beside its HTTP side.
+            with EngineFreeze(server):
+                runs = asyncio.gather(*(
+                    stream(http, server.base_url + "/completions",
+                           {"model": MODEL, "prompt": p, "max_tokens": n, "temperature": 0, "ignore_eos": True})
+                    for p, n in zip(prompts, lengths)))
+                await all_in_server(server, len(prompts), running=0)
+            return await asyncio.wait_for(runs, 300)  # a deadlock fails here instead of hanging
 
     try:
         results = asyncio.run(main())
