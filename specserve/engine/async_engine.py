@@ -59,6 +59,7 @@ class AsyncLLMEngine:
         self.stall_timeout = stall_timeout
         self._heartbeat = time.monotonic()  # when the loop last said something
         self._died: str | None = None       # why the loop ended, if it did
+        self._stopping = False              # shutdown() was called
         self.gauges = Gauges(0, 0.0, None, None)
         self.info = self.engine.info() if self.engine is not None else self._wait_ready()
         self.tokenizer = self.info.tokenizer
@@ -84,6 +85,7 @@ class AsyncLLMEngine:
         self._thread.start()
 
     def shutdown(self) -> None:
+        self._stopping = True  # the loop's end that follows is asked for, not a death
         self._commands.put(("stop", None))
         if self._thread is not None:
             self._thread.join(timeout=30)
@@ -221,7 +223,10 @@ class AsyncLLMEngine:
             self._deliver(message[1], message[2])
         elif kind == "died":
             self._died = message[1]
-            log.critical("%s; /health now fails", self._died)
+            if self._stopping:
+                log.info("engine stopped: %s", self._died)
+            else:
+                log.critical("%s; /health now fails", self._died)
             for rid in list(self._streams):
                 self._deliver(rid, EngineDeadError(self._died))
 

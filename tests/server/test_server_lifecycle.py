@@ -71,6 +71,7 @@ def test_sigterm_drains_in_flight_requests_refuses_new_ones_and_exits_0(tiny_tar
     for r in results:
         assert r["done"] and r["usage"]["completion_tokens"] == 100 and "error" not in r
     assert "draining: 2 request(s) in flight" in server.log
+    assert "CRITICAL" not in server.log  # the engine's end was asked for: no "engine died" alarm
 
 
 def test_drain_timeout_aborts_what_is_left_and_still_exits_0(tiny_target, tmp_path):
