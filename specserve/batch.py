@@ -11,6 +11,7 @@ A step in these terms (engine/llm_engine.py):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -40,6 +41,16 @@ class ScheduledSeq:
 
 # ---- what a speculation policy sees and hears (spec_decode/policies/) ----------------------------------------
 
+class DraftOffer(NamedTuple):
+    """What a proposer would draft a request with this step, asked before planning (`peek`)."""
+    draft: str | None      # the draft's name; "ngram": a prompt-lookup hit, which costs no draft forward
+    most: int | None       # the most drafts it can offer (a lookup hit's length; None: up to the ceiling)
+    first_rows: int = 1    # rows its draft forward runs for the request at the first draft step: 1, plus
+                           # the positions its draft cache has not seen (catch-up after steps without
+                           # drafting); 0 for a lookup hit
+
+
+
 @dataclass(slots=True, frozen=True)
 class RequestView:
     """One running decode, as a policy sees it (read-only)."""
@@ -54,6 +65,7 @@ class RequestView:
     slo_tpot: float | None = None  # seconds per output token the request asks for, if any
     max_drafts: int | None = None  # the most drafts its proposer can offer this step (a lookup hit's length;
                                    # None: up to the ceiling); the scheduler clamps to it
+    draft_rows: int = 1  # rows of the first draft forward drafting it would cost (DraftOffer.first_rows)
 
 
 @dataclass(slots=True, frozen=True)

@@ -22,7 +22,7 @@ from typing import Iterable
 
 import numpy as np
 
-from specserve.batch import BatchView, RequestView, ScheduledSeq, StepPlan, StepResult
+from specserve.batch import BatchView, DraftOffer, RequestView, ScheduledSeq, StepPlan, StepResult
 from specserve.engine.block_manager import BlockManager
 from specserve.engine.output_processor import Verdict
 from specserve.engine.sequence import Sequence, Status
@@ -45,9 +45,9 @@ class Scheduler:
                  max_model_len: int, max_drafts: int = 0, admission=None, step_time=None, peek=None):
         """step_time(rows, kv tokens) -> seconds of a target forward (the step cost model), or None where it
         was not profiled: with it, prefill chunks are cut so that a step stays within the running requests'
-        tightest TPOT SLO. peek(seq, k) -> (draft, most drafts): what the proposer would draft with this
-        step (a prompt-lookup hit or a model), asked before the policy plans so that it prices each request
-        by the draft that will really serve it."""
+        tightest TPOT SLO. peek(seq, k) -> DraftOffer: what the proposer would draft with this step (a
+        prompt-lookup hit or a model, and the model's catch-up rows), asked before the policy plans so that
+        it prices each request by the draft that will really serve it."""
         self.blocks = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -119,9 +119,10 @@ class Scheduler:
         requests = []
         for s in decodes:
             seq = s.seq
-            draft, most = self.peek(seq, self.max_drafts) if self.peek else (None, None)
+            offer = DraftOffer(*self.peek(seq, self.max_drafts)) if self.peek else DraftOffer(None, None)
             requests.append(RequestView(seq.request_id, len(seq.token_ids), self.tokens_left(seq), seq.spec,
-                                        draft, seq.params.greedy, seq.params.slo_tpot, most))
+                                        offer.draft, seq.params.greedy, seq.params.slo_tpot, offer.most,
+                                        offer.first_rows))
         free = self.blocks.num_free * self.blocks.block_size + sum(
             len(s.seq.block_table) * self.blocks.block_size - s.seq.num_computed - 1 for s in decodes)
         prefilling = [s for s in self.running if s.in_prefill]

@@ -58,9 +58,11 @@ def survival(acceptance: np.ndarray) -> np.ndarray:
 
 
 def allocate(c: np.ndarray, drafts: list[str | None], limits: list[int], costs: StepCosts,
-             spent_draft: bool = False, tpot_slos: list[float | None] | None = None) -> Allocation:
+             spent_draft: bool = False, tpot_slos: list[float | None] | None = None,
+             first_rows: list[int] | None = None) -> Allocation:
     """The best-goodput lengths (l_i <= limits[i]) for survival probabilities c [B, K].
-    spent_draft: the drafting is done (trimming): only verification costs. tpot_slos: per request, the
+    spent_draft: the drafting is done: only verification costs. first_rows: per request, the rows its first
+    draft step runs (1; more when its draft cache must catch up; default 1 each). tpot_slos: per request, the
     seconds per output token it must get: T / A_i, the step's time over its own expected tokens, stays under
     it (every request waits for the whole step, but commits only its own tokens); where no allocation meets
     every objective, the one violating them least."""
@@ -75,7 +77,7 @@ def allocate(c: np.ndarray, drafts: list[str | None], limits: list[int], costs: 
     rows = np.minimum(costs.base_rows + np.arange(len(value) + 1), len(costs.verify) - 1)
     step = costs.verify[rows].copy()  # T of each prefix
     if not spent_draft and len(value):
-        step[1:] += np.cumsum(_draft_increments(req, pos, drafts, k, costs))
+        step[1:] += np.cumsum(_draft_increments(req, pos, drafts, k, costs, first_rows))
     seconds = _charged(step, costs)
     score = tokens / seconds
     bound = [i for i, slo in enumerate(tpot_slos or []) if slo]
@@ -94,7 +96,7 @@ def allocate(c: np.ndarray, drafts: list[str | None], limits: list[int], costs: 
 
 
 def evaluate(c: np.ndarray, lengths: list[int], drafts: list[str | None], costs: StepCosts,
-             spent_draft: bool = False) -> Allocation:
+             spent_draft: bool = False, first_rows: list[int] | None = None) -> Allocation:
     """Expected tokens and predicted time of given lengths (plain decoding's alongside)."""
     b, k = c.shape
     lengths = [min(int(n), k) for n in lengths]
@@ -104,7 +106,7 @@ def evaluate(c: np.ndarray, lengths: list[int], drafts: list[str | None], costs:
     rows = min(costs.base_rows + int(sum(lengths)), len(costs.verify) - 1)
     step = float(costs.verify[rows])
     if not spent_draft and req.size:
-        step += float(_draft_increments(req, pos, drafts, k, costs).sum())
+        step += float(_draft_increments(req, pos, drafts, k, costs, first_rows).sum())
     return Allocation(lengths, tokens, float(_charged(np.array([step]), costs)[0]), float(b),
                       float(_charged(np.array([_plain_step(costs)]), costs)[0]))
 
@@ -120,24 +122,31 @@ def _charged(step: np.ndarray, costs: StepCosts) -> np.ndarray:
     return np.maximum(t0 - costs.shared + costs.weight * (step - t0), 1e-9)
 
 
-def _draft_increments(req, pos, drafts, k, costs) -> np.ndarray:
-    """Extra draft seconds of each slot in order: the slot (i, j) adds a row to draft step j of request i's
-    draft, costing t(r + 1) - t(r) where r rows were already there (t(0) = 0: a new draft step)."""
+def _draft_increments(req, pos, drafts, k, costs, first_rows=None) -> np.ndarray:
+    """Extra draft seconds of each slot in order: the slot (i, j) adds its rows to draft step j of request
+    i's draft (one row; at j = 0 the request's first_rows, catch-up included), costing t(r + rows) - t(r)
+    where r rows were already there (t(0) = 0: a new draft step)."""
+    if not len(req):
+        return np.zeros(0)
     names = sorted(costs.draft)  # a request no draft has served yet is costed as the first draft's
     draft_of = np.array([names.index(d) if d in costs.draft else (0 if names and d != NGRAM else -1)
                          for d in drafts])[req]
     key = np.where(draft_of >= 0, draft_of * k + pos, -1)
-    # occurrence number of each key so far (rows already in that draft step)
+    rows = np.ones(len(key), dtype=int)
+    if first_rows is not None:
+        rows = np.where(pos == 0, np.maximum(np.asarray(first_rows)[req], 1), 1)
+    # rows already in that draft step before each slot: the rows of the earlier slots of the same key
     order = np.argsort(key, kind="stable")
-    sorted_key = key[order]
+    sorted_key, sorted_rows = key[order], rows[order]
     starts = np.r_[0, np.flatnonzero(np.diff(sorted_key)) + 1]
-    counts = np.diff(np.r_[starts, len(key)])
-    occurrence = np.empty(len(key), dtype=int)
-    occurrence[order] = np.arange(len(key)) - np.repeat(starts, counts)
+    before = np.cumsum(sorted_rows) - sorted_rows
+    before -= np.repeat(before[starts], np.diff(np.r_[starts, len(key)]))
+    already = np.empty(len(key), dtype=int)
+    already[order] = before
     out = np.zeros(len(key))
     for d, name in enumerate(names):
         sel = draft_of == d
         table = costs.draft[name]
-        r = np.minimum(occurrence[sel], len(table) - 2)
-        out[sel] = table[r + 1] - table[r]
+        top = len(table) - 1
+        out[sel] = table[np.minimum(already[sel] + rows[sel], top)] - table[np.minimum(already[sel], top)]
     return out

@@ -46,7 +46,7 @@ class SpeculationModels:
         rows = np.arange(base + n * batch.max_drafts + 1)
         verify = cost.verify_curve(rows, batch.context_tokens + rows - base)
         mean_context = batch.context_tokens / max(n, 1)
-        draft_rows = np.arange(n + 1)
+        draft_rows = np.arange(n + sum(max(r.draft_rows - 1, 0) for r in batch.requests) + 1)  # catch-up too
         drafts = {name: np.maximum.accumulate(cost.draft_time(name, draft_rows, draft_rows * mean_context))
                   for name in cost.drafts}
         shared = 0.0

@@ -4,7 +4,8 @@ loop over its own paged KV cache (`Drafter`), which a standalone draft and an EA
 Every proposer offers:
     has_cache             it keeps its own KV cache: prompt chunks are mirrored into it as the target runs them
     reads_target_hidden   it reads the target's hidden states (EAGLE): the engine taps them to `observe_target`
-    peek(seq, k) -> (draft, most)          before planning: which draft will serve the request this step
+    peek(seq, k) -> DraftOffer             before planning: which draft would serve the request this step,
+                                           the most it offers, its first forward's rows
     propose(prefills, decodes, confidences) -> Proposal   drafts for the decodes, `max_drafts` each at most
     on_commit(seq, num_committed)          after verification: which of its cache rows stay valid
     reset(request_id)                      the request was preempted: its cache rows are gone
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from specserve.batch import ForwardItem, Proposal, ScheduledSeq
+from specserve.batch import DraftOffer, ForwardItem, Proposal, ScheduledSeq
 from specserve.model.kernels import argmax_rows
 from specserve.spec_decode.config import NGRAM
 from specserve.sampling import RowParams, exponentials, process, race
@@ -64,9 +65,9 @@ class NgramProposer:
         found = [self.hit(s.seq, s.max_drafts) if s.max_drafts else [] for s in decodes]
         return lookup_proposal(found, confidences, self.device)
 
-    def peek(self, seq, k: int) -> tuple[str, int]:
-        """(draft, most drafts it can offer) before planning: lookup offers its hit's length, nothing more."""
-        return NGRAM, len(self.hit(seq, k))
+    def peek(self, seq, k: int) -> DraftOffer:
+        """Before planning: lookup offers its hit's length, nothing more, and runs no forward."""
+        return DraftOffer(NGRAM, len(self.hit(seq, k)), 0)
 
     def hit(self, seq, k: int) -> list[int]:
         """lookup() of the sequence's tokens, at most k long, remembered until it grows: the scheduler peeks
@@ -167,12 +168,13 @@ class Drafter:
                      for i in drafting]
         return proposal
 
-    def peek(self, seq, k: int) -> tuple[str, int]:
-        """(draft, most drafts it can offer) before planning: a lookup hit (free) where there is one, so the
-        policy prices it as prompt lookup and not as a model draft; the model otherwise."""
+    def peek(self, seq, k: int) -> DraftOffer:
+        """Before planning: a lookup hit (free) where there is one, so the policy prices it as prompt lookup
+        and not as a model draft; the model otherwise, whose first forward also runs the positions its
+        cache has not seen (after steps without drafting: catch-up, priced by the policy)."""
         if self.lookup is not None and (hit := self.lookup.hit(seq, k)):
-            return NGRAM, len(hit)
-        return self.name, k
+            return DraftOffer(NGRAM, len(hit), 0)
+        return DraftOffer(self.name, k, len(seq.token_ids) - self.computed.get(seq.request_id, 0))
 
     def reset(self, request_id: str) -> None:
         self.computed.pop(request_id, None)

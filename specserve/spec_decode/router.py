@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from specserve.batch import Proposal
+from specserve.batch import DraftOffer, Proposal
 from specserve.errors import SpecServeError
 
 
@@ -55,7 +55,7 @@ class RoutedProposer:
         index = self.routes.get(request_id)
         return None if index is None else self.names[index]
 
-    def peek(self, seq, k: int) -> tuple[str, int]:
+    def peek(self, seq, k: int) -> DraftOffer:
         return self.proposers[self.route(seq)].peek(seq, k)
 
     def propose(self, prefills, decodes, confidences=False) -> Proposal:

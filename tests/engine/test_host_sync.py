@@ -10,7 +10,7 @@ import torch
 from specserve import LLM, SamplingParams
 from specserve import device_sync
 from specserve.spec_decode.policies import POLICIES
-from tests.spec_decode.test_policies import BUILT_IN, cheap_drafts
+from tests.spec_decode.policy_fixtures import BUILT_IN, cheap_drafts
 from tests.spec_decode.test_speculative_engine import prompts
 
 CONVERSIONS = ("tolist", "item", "__int__", "__float__", "__bool__", "__index__", "numpy")

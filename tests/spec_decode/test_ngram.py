@@ -57,9 +57,9 @@ def test_a_peeked_hit_is_what_the_proposer_drafts_and_is_looked_up_once_per_leng
     lookup = proposer.lookup
     proposer.lookup = lambda tokens, k, index: calls.append(k) or lookup(tokens, k, index)
     s = Sequence("r", [1, 2, 3, 4, 5, 1, 2], SamplingParams(max_tokens=8, temperature=0))
-    assert proposer.peek(s, 4) == ("ngram", 4)
+    assert proposer.peek(s, 4) == ("ngram", 4, 0)  # a hit of 4, no draft forward
     assert proposer.hit(s, 2) == [3, 4] and calls == [4]
     s.token_ids.append(3)
     assert proposer.hit(s, 2) == [4, 5] and calls == [4, 2]
     s.token_ids += [9, 9]
-    assert proposer.peek(s, 4) == ("ngram", 0)
+    assert proposer.peek(s, 4) == ("ngram", 0, 0)

@@ -1,14 +1,11 @@
 """The speculation policy protocol: a new policy is one class registered by name, it sees request ids and
 draft confidences, the scheduler clamps what it asks, and greedy output stays identical whatever it does."""
-from pathlib import Path
-
-import numpy as np
 import pytest
 
 from specserve import LLM, SamplingParams
 from specserve.errors import SpecServeError
-from specserve.spec_decode.cost_model import KNOTS, LinearCost, StepCostModel
 from specserve.spec_decode.policies import POLICIES, Policy, register
+from tests.spec_decode.policy_fixtures import BUILT_IN, cheap_drafts
 from tests.spec_decode.test_speculative_engine import GREEDY, prompts
 
 
@@ -105,12 +102,6 @@ def test_unknown_policies_and_bad_options_are_clear_errors(tiny_target, tiny_dra
         LLM(model=str(tiny_target), speculative_config=dict(base, policy_options=[1]))
 
 
-LATENCY20 = Path(__file__).parents[2] / "bench" / "results" / "latency20" / "model.json"
-BUILT_IN = [("off", None), ("static", None), ("batch_table", {"table": [[1, 4], [4, 2], [8, 0]]}),
-            ("threshold", None), ("goodput", None), ("adaptive", None),
-            ("planned", {"model": str(LATENCY20), "window": 1000.0})]  # a light load
-
-
 @pytest.mark.parametrize("name,options", BUILT_IN, ids=[b[0] for b in BUILT_IN])
 def test_greedy_output_is_identical_under_every_built_in_policy(tiny_target, tiny_draft, greedy_baseline, name,
                                                                 options):
@@ -126,27 +117,6 @@ def test_greedy_output_is_identical_under_every_built_in_policy(tiny_target, tin
     assert (drafted == 0) == (name == "off"), drafted
 
 
-class FixedCost(StepCostModel):
-    """A step cost model with given costs that does not learn from measured steps."""
-
-    def __init__(self, verify: float, per_row: float, draft: float, drafts: list[str]):
-        n = len(KNOTS) + 2  # the row basis, its ramp, the KV feature
-        w_verify = np.zeros(n)
-        w_verify[:len(KNOTS)] = verify + per_row * KNOTS
-        w_draft = np.zeros(n)
-        w_draft[:len(KNOTS)] = draft
-        super().__init__(LinearCost(w_verify), {name: LinearCost(w_draft) for name in drafts})
-
-    def observe(self, *args) -> float:
-        return 0.0
-
-
-def cheap_drafts(llm) -> FixedCost:
-    # so cheap that drafting pays even with thousands of requests queued (each added second is charged
-    # once per request it delays)
-    return FixedCost(verify=0.010, per_row=1e-7, draft=1e-5, drafts=list(llm.engine.models.cost.drafts))
-
-
 def test_sampled_output_follows_the_target_under_the_adaptive_policy(tiny_target, tiny_far_draft):
     from tests.spec_decode.test_speculative_engine import assert_follows, exact_marginals
     spec = {"model": str(tiny_far_draft), "num_speculative_tokens": 3, "policy": "adaptive"}
@@ -160,3 +130,18 @@ def test_sampled_output_follows_the_target_under_the_adaptive_policy(tiny_target
     outs = llm.generate([prompt] * 3000, [SamplingParams(**base, seed=s) for s in range(3000)])
     assert sum(o.spec["num_draft_tokens"] for o in outs) > 1000  # it did speculate (and mostly got rejected)
     assert_follows(outs, p1, p2)
+
+
+def test_the_first_draft_forward_runs_the_rows_the_view_priced(tiny_target, tiny_eagle):
+    """An EAGLE draft that skipped steps catches up in its first forward: the view told the policy how many
+    rows that is (RequestView.draft_rows), and that is what the forward ran."""
+    llm = LLM(model=str(tiny_target), dtype="float32", speculative_config={
+        "method": "eagle", "model": str(tiny_eagle), "num_speculative_tokens": 3, "policy": "test_alternating"})
+    llm.generate(prompts(4, seed=5), GREEDY)
+    checked = []
+    for f in llm.engine.policy.feedback:
+        drafting = [r for r, o in zip(f.batch.requests, f.outcomes) if o.num_drafted]
+        if drafting:
+            assert f.draft_forwards[0][1] == sum(r.draft_rows for r in drafting)
+            checked += [r.draft_rows for r in drafting]
+    assert checked and max(checked) > 2  # whole prompts at first, a skipped step's rows later

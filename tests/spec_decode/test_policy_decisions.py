@@ -143,6 +143,19 @@ def test_off_static_and_batch_table():
     assert [table.plan(batch(n))[0] for n in (1, 3, 4, 15, 16, 40)] == [4, 4, 2, 2, 0, 0]
 
 
+def test_adaptive_prices_the_catch_up_of_a_draft_cache_left_behind():
+    """A draft forward of one row per request is cheap, of hundreds of rows is not: the same request, as
+    well accepted, drafts when its draft has seen its context and does not when the draft must first catch
+    up on 300 positions it missed (an EAGLE draft after steps without drafting)."""
+    p = policy("adaptive", cost_model(lambda n: 0.010 + 0.001 * n, lambda r: 0.0005 + 0.0002 * r), accepted=(3, 200))
+    current, behind = batch(1), batch(1)
+    behind = BatchView([replace(r, draft_rows=301) for r in behind.requests], K, 512, 10_000, 0)
+    assert p.plan(current) != [0] and p.plan(behind) == [0]
+    caught_up = evaluate(survival(np.full((1, K), 0.75)), [K], ["d"], p.models.step_costs(behind), first_rows=[301])
+    assert caught_up.gain < 1 < evaluate(survival(np.full((1, K), 0.75)), [K], ["d"],
+                                         p.models.step_costs(current)).gain
+
+
 def test_threshold_stops_before_the_first_position_predicted_below_it():
     assert policy("threshold", MEMORY_BOUND, accepted=(1, 200), threshold=0.6).plan(batch(2)) == [1, 1]
     assert policy("threshold", MEMORY_BOUND, accepted=(4, 200), threshold=0.6).plan(batch(2)) == [K, K]

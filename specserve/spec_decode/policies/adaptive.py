@@ -3,7 +3,8 @@ model of this machine and the acceptance model (docs/design.md §3.4). The defau
 
 - plan: predicted acceptance per request and position (its draft's measured acceptance per position,
   scaled by the request's own history) -> the best-goodput allocation over every length (go/no-go against
-  the best k, not only k = 1), kept within each request's TPOT SLO;
+  the best k, not only k = 1), kept within each request's TPOT SLO; each request priced by the draft that
+  would serve it (a prompt-lookup hit is free) and by the rows its draft must catch up on first;
 - hysteresis: a request keeps the length it drafted last step (`spec.last_drafted`, or the batch keeps not
   drafting) unless the new choice is predicted better by more than `margin`, so estimates' noise does not
   flip lengths every step.
@@ -35,10 +36,11 @@ class Adaptive(Policy):
         limits = [min(n, self.max_drafts) for n in batch.limits()]
         costs = self.models.step_costs(batch)
         slos = [r.slo_tpot for r in batch.requests]
-        best = allocate(survival(a), drafts, limits, costs, tpot_slos=slos)
+        rows = [r.draft_rows for r in batch.requests]  # a draft cache behind its request costs catch-up rows
+        best = allocate(survival(a), drafts, limits, costs, tpot_slos=slos, first_rows=rows)
         held = [min(r.spec.last_drafted, n) for r, n in zip(batch.requests, limits)]
         if held != best.lengths and not any(slos):  # with objectives, the feasible choice wins outright
-            kept = evaluate(survival(a), held, drafts, costs)
+            kept = evaluate(survival(a), held, drafts, costs, first_rows=rows)
             if kept.goodput >= best.goodput * (1 - self.margin):
                 best = kept
         return best.lengths
