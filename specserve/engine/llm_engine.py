@@ -33,9 +33,9 @@ from specserve.model import kernels as cpu_kernels
 from specserve.model.loader import load_model
 from specserve.model.quantize import weight_summary
 from specserve.spec_decode.cost_model import StepCostModel
-from specserve.spec_decode.predictors import SpeculationModels
-from specserve.spec_decode.policies import make_policy
 from specserve.spec_decode.draft_loader import build_proposer, draft_runners, load_drafts
+from specserve.spec_decode.policies import make_policy
+from specserve.spec_decode.predictors import SpeculationModels
 
 log = logging.getLogger("specserve.engine")
 

@@ -1,8 +1,6 @@
 """Every model-loading error reaches the user as one `error: ...` line and exit code 2, no traceback."""
 import json
 
-import pytest
-
 from specserve.cli import main
 from tests.model.gguf_fixtures import write_gguf
 from tests.tiny_models import make_tiny_model

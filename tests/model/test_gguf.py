@@ -4,7 +4,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specserve.errors import ModelLoadError
-from specserve.model.loader import build_model, load_model
+from specserve.model.loader import load_model
 from specserve.model.registry import gguf_path
 from tests.model.gguf_fixtures import VOCAB, write_gguf
 from tests.model.helpers import new_cache, run_step

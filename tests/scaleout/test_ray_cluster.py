@@ -93,7 +93,7 @@ def test_concurrent_requests_use_both_replicas_and_metrics_label_them(cluster):
     assert set(routed) == set(served) and sum(routed.values()) >= 8
 
 
-def test_a_session_stays_on_one_replica(client):
+def test_a_session_stays_on_one_replica(client, cluster):
     replicas = {client.chat.completions.with_raw_response.create(
         model="tiny", messages=[{"role": "user", "content": f"turn {i}"}], max_tokens=4, user="alice",
     ).headers[REPLICA_HEADER] for i in range(4)}

@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 import httpx
-import pytest
 import torch
 
 from specserve import SamplingParams
