@@ -29,14 +29,16 @@ class RayUnavailable(SpecServeError):
 
 class ReplicaServer:
     def __init__(self, args: list[str], log_path: Path, startup_timeout_s: float = 240,
-                 shutdown_timeout_s: float = 90, host: str = "127.0.0.1", port: int = 0):
+                 shutdown_timeout_s: float = 90, host: str = "127.0.0.1", port: int = 0, env: dict | None = None):
+        """env: variables added to this environment, which the replicas and their engines inherit."""
         self.log_path, self.shutdown_timeout_s = Path(log_path), shutdown_timeout_s
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "wb")
         # RAY_memory_monitor_refresh_ms=0: Ray's memory monitor kills workers when the *machine* is at 95 %
         # of its memory, whoever uses it; on a shared test or benchmark machine that was our replicas,
         # killed for other people's jobs. The kernel's own OOM killer still guards the machine.
-        env = dict(os.environ, PYTHONUNBUFFERED="1", RAY_USAGE_STATS_ENABLED="0", RAY_memory_monitor_refresh_ms="0")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", RAY_USAGE_STATS_ENABLED="0", RAY_memory_monitor_refresh_ms="0",
+                   **(env or {}))
         env.pop("SPECSERVE_API_KEY", None)  # a key is passed as --api-key, never picked up by accident
         self.proc = subprocess.Popen([sys.executable, "-m", "specserve", "serve", "--host", host, "--port", str(port),
                                       *args], stdout=self._log, stderr=subprocess.STDOUT, env=env,

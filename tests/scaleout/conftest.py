@@ -6,6 +6,7 @@ each bounded in time; where Ray cannot start on this machine the tests are skipp
 """
 import pytest
 
+from specserve.engine.engine_loop import STEP_PACE_ENV
 from specserve.latency import model_file
 from specserve.latency.fit import FitOptions, fit_runs
 from specserve.latency.runs import load_runs
@@ -35,7 +36,8 @@ def cluster(tiny_target, fitted_model, tmp_path_factory):
                                 "--max-model-len", "1024", "--speculative-config", "none", "--num-threads", "1",
                                 "--served-model-name", "tiny", "--replicas", "2", "--router", "latency",
                                 "--latency-model", str(fitted_model), "--drain-timeout", "5"],
-                               tmp_path_factory.mktemp("scaleout") / "serve.log")
+                               tmp_path_factory.mktemp("scaleout") / "serve.log",
+                               env={STEP_PACE_ENV: "0.01"})  # a 900-token request runs >= 9 s on any machine
     except RayUnavailable as e:
         pytest.skip(f"Ray cannot start here: {e}")
     yield server

@@ -124,7 +124,7 @@ def test_killing_a_replica_mid_load_retries_or_fails_cleanly(cluster):
         c = openai.AsyncOpenAI(base_url=cluster.base_url, api_key="unused", max_retries=0, timeout=120)
         tasks = [asyncio.create_task(one(c, i)) for i in range(8)]
         victim = None
-        for _ in range(200):  # kill once the victim is busy (fast machines finish quickly)
+        for _ in range(200):  # kill once the victim is busy (the paced engines keep its requests running)
             await asyncio.sleep(0.05)
             loads = (await asyncio.to_thread(cluster.health))["replicas"].values()
             busy = [r for r in loads if r.get("running", 0) >= 2]
