@@ -24,7 +24,9 @@ from pathlib import Path
 OUT = Path(__file__).parent / "results" / "step_overhead"
 CONFIGS = {"plain": None,
            "spec": '{"model": "default", "num_speculative_tokens": 3, "ngram_first": true}',
-           "adaptive": '{"model": "default", "num_speculative_tokens": 3, "ngram_first": true, "policy": "adaptive"}'}
+           "adaptive": '{"model": "default", "num_speculative_tokens": 3, "ngram_first": true, "policy": "adaptive"}',
+           # the drafts loaded, nothing drafted: what speculation's machinery costs by itself (should be ~plain)
+           "off": '{"model": "default", "num_speculative_tokens": 3, "ngram_first": true, "policy": "off"}'}
 POLICY_METHODS = ("plan", "observe")
 CONVERSIONS = ("tolist", "item", "__int__", "__float__", "__bool__", "__index__", "numpy")
 
