@@ -6,7 +6,7 @@ For each speculative config (JSON, `none`, or `default`: the server's default), 
 EOS ignored) generates --tokens tokens for each of --prompts python-stdlib prefixes of 256 tokens, one request at
 a time; per prompt it prints the time per output token after the first, the number of steps, and for each draft
 length k the steps' median draft, target-forward, sampling and scheduling (policy planning) times in ms.
-Prints only (an instrument for diagnosis, not a result: docs/experiments/wave2-measurements.md quotes it).
+Prints only (an instrument for diagnosis, not a result: docs/experiments/engine-kernels-adaptive-2026-11.md quotes it).
 """
 from __future__ import annotations
 

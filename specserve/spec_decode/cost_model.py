@@ -75,7 +75,7 @@ class LinearCost:
     believes drafting too dear never drafts, so it never learns otherwise (a batch-1 server whose 1-row
     steps ran at 23 ms against a 40 ms profile drafted nothing). (Recursive least squares with forgetting
     computes the same thing through a covariance that grows without bound along directions no step
-    excites, and diverged after a few thousand steps of a steady load: docs/experiments/wave2-measurements.md.)
+    excites, and diverged after a few thousand steps of a steady load: docs/experiments/engine-kernels-adaptive-2026-11.md.)
     A d x d solve (d = 15) when the weights are read after new evidence, not per observation."""
 
     def __init__(self, weights: np.ndarray, forgetting: float = 0.995, prior: float = 1.0,
