@@ -7,8 +7,9 @@ import numpy as np
 
 from specserve.batch import BatchView, StepFeedback
 from specserve.spec_decode.acceptance_model import AcceptanceModel
-from specserve.spec_decode.cost_model import StepCostModel
 from specserve.spec_decode.allocation import StepCosts
+from specserve.spec_decode.config import NGRAM
+from specserve.spec_decode.cost_model import StepCostModel
 
 
 class SpeculationModels:
@@ -48,12 +49,21 @@ class SpeculationModels:
         mean_context = batch.context_tokens / max(n, 1)
         draft_rows = np.arange(n + sum(max(r.draft_rows - 1, 0) for r in batch.requests) + 1)  # catch-up too
         drafts = {name: np.maximum.accumulate(cost.draft_time(name, draft_rows, draft_rows * mean_context))
-                  for name in cost.drafts}
+                  for name in self._serving(batch)}
         shared = 0.0
         if batch.pending_prefill and n:  # the prefill chunk's share: the step with it minus the decodes alone
             shared = max(0.0, float(verify[base] - cost.verify_time(n, batch.context_tokens)[0]))
         weight = (n + batch.num_waiting + batch.num_prefilling) / max(n, 1)  # docs/design.md §3.1
         return StepCosts(verify, drafts, base, shared, weight)
+
+    def _serving(self, batch: BatchView) -> list[str]:
+        """The drafts whose cost the batch's plan needs: those serving its requests, and the first draft for a
+        request no draft has served yet (allocation.py costs it so); not every loaded draft."""
+        names = sorted(self.cost.drafts)
+        wanted = {r.draft for r in batch.requests}
+        if names and any(d != NGRAM and d not in self.cost.drafts for d in wanted):
+            wanted.add(names[0])
+        return [name for name in names if name in wanted]
 
     def observe(self, feedback: StepFeedback) -> float | None:
         """Learn from a step; returns the step time (draft + forward) the cost model had predicted for it."""
