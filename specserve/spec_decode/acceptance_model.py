@@ -87,12 +87,13 @@ class AcceptanceModel:
         tested = sum(float(c[1].sum()) for c in counts)
         return (accepted + DEFAULT_ACCEPTANCE * PRIOR_TESTS) / (tested + PRIOR_TESTS)
 
-    def request_factor(self, request_id: str, draft: str | None) -> float:
-        """The request's own acceptance relative to its draft's (1 for a new request)."""
+    def request_factor(self, request_id: str, draft: str | None, base: float | None = None) -> float:
+        """The request's own acceptance relative to its draft's (1 for a new request); `base`: the draft's
+        global_acceptance, if already known."""
         own = self.requests.get(request_id)
-        base = self.global_acceptance(draft)
         if own is None:
             return 1.0
+        base = self.global_acceptance(draft) if base is None else base
         return ((own[0] + base * PRIOR_TESTS) / (own[1] + PRIOR_TESTS)) / base
 
     def predict(self, request_id: str, draft: str | None, confidences=None) -> np.ndarray:
@@ -103,6 +104,18 @@ class AcceptanceModel:
             n = min(len(confidences), self.max_positions)
             a[:n] = [self.calibration(draft, m)(c) for m, c in enumerate(confidences[:n])]
         return np.clip(a * self.request_factor(request_id, draft), 0.0, 0.99)
+
+    def predict_batch(self, requests: list[tuple[str, str | None]]) -> np.ndarray:
+        """[B, K] predict() of each (request id, draft) before anything is drafted, each draft's counts read
+        once for the batch (a plan asks this for every running request every step)."""
+        per_draft = {}
+        for draft in {d for _, d in requests}:
+            per_draft[draft] = (self.position_acceptance(draft), self.global_acceptance(draft))
+        out = np.empty((len(requests), self.max_positions))
+        for i, (request_id, draft) in enumerate(requests):
+            positions, base = per_draft[draft]
+            out[i] = positions * self.request_factor(request_id, draft, base)
+        return np.clip(out, 0.0, 0.99)
 
     def calibration(self, draft: str | None, position: int) -> Calibration:
         key = (draft or "", min(position, self.max_positions - 1))

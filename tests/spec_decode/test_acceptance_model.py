@@ -58,3 +58,14 @@ def test_an_unseen_draft_trusts_its_confidences():
 def test_pool_adjacent_violators():
     assert np.allclose(pav(np.array([0.1, 0.5, 0.3, 0.9]), np.ones(4)), [0.1, 0.4, 0.4, 0.9])
     assert np.allclose(pav(np.array([0.3, 0.1]), np.array([3.0, 1.0])), [0.25, 0.25])
+
+
+def test_a_batch_prediction_is_each_requests_prediction():
+    m = AcceptanceModel(4)
+    rng = np.random.default_rng(0)
+    for i in range(300):
+        draft = ["code", "chat", "ngram"][i % 3]
+        m.observe(DraftOutcome(f"r{i % 7}", draft, 4, int(rng.integers(0, 5)), None))
+    asked = [(f"r{i}", d) for i in range(9) for d in ("code", "chat", "ngram", None, "unseen")]
+    want = np.array([m.predict(rid, d) for rid, d in asked])
+    np.testing.assert_allclose(m.predict_batch(asked), want)

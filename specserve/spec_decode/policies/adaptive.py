@@ -32,7 +32,7 @@ class Adaptive(Policy):
             return []
         acceptance = self.models.acceptance
         drafts = [r.draft for r in batch.requests]
-        a = np.array([acceptance.predict(r.request_id, r.draft) for r in batch.requests])[:, :self.max_drafts]
+        a = acceptance.predict_batch([(r.request_id, r.draft) for r in batch.requests])[:, :self.max_drafts]
         limits = [min(n, self.max_drafts) for n in batch.limits()]
         costs = self.models.step_costs(batch)
         slos = [r.slo_tpot for r in batch.requests]
