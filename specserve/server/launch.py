@@ -109,12 +109,14 @@ class DrainingServer(uvicorn.Server):
         self.state, self.engine, self.drain_timeout = state, engine, drain_timeout
         self._deadline: float | None = None
         self._announced = False
+        self._in_flight_at_signal = 0
 
     def handle_exit(self, sig, frame) -> None:
         # A signal handler: only set flags here (logging could deadlock on a lock the interrupted code holds).
         if self._deadline is None:
             self.state.draining = True
             self._deadline = time.monotonic() + self.drain_timeout
+            self._in_flight_at_signal = self.state.in_flight  # logged at the next tick, which may come later
         else:  # a second signal: stop now, without waiting for anyone
             self.should_exit = self.force_exit = True
 
@@ -123,7 +125,7 @@ class DrainingServer(uvicorn.Server):
             if not self._announced:
                 self._announced = True
                 log.info("draining: %d request(s) in flight, up to %g s; new requests get 503",
-                         self.state.in_flight, self.drain_timeout)
+                         self._in_flight_at_signal, self.drain_timeout)
             if self.state.in_flight == 0:
                 self.should_exit = True
             elif time.monotonic() >= self._deadline:
