@@ -8,7 +8,7 @@ string is held back until the next tokens decide it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from tokenizers.decoders import DecodeStream
 
@@ -27,9 +27,9 @@ class Verdict:
 class RequestText:
     stream: DecodeStream
     holdback: int          # characters of a possible stop-string prefix kept back while running
+    stop_ids: set[int]     # tokens that end the request (its stop_token_ids, and EOS unless ignored)
     text: str = ""
     num_sent: int = 0      # characters of `text` already handed to the caller
-    stop_ids: set[int] = field(default_factory=set)
 
 
 class OutputProcessor:
@@ -41,9 +41,8 @@ class OutputProcessor:
     def add(self, seq: Sequence) -> None:
         p = seq.params
         self.requests[seq.request_id] = RequestText(
-            DecodeStream(skip_special_tokens=p.skip_special_tokens),
-            max((len(s) for s in p.stop), default=1) - 1,
-            stop_ids=set(p.stop_token_ids) | (set() if p.ignore_eos else self.eos_token_ids))
+            DecodeStream(skip_special_tokens=p.skip_special_tokens), max((len(s) for s in p.stop), default=1) - 1,
+            set(p.stop_token_ids) | (set() if p.ignore_eos else self.eos_token_ids))
 
     def free(self, request_id: str) -> None:
         self.requests.pop(request_id, None)

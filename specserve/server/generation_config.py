@@ -17,7 +17,6 @@ from specserve.errors import InvalidRequestError, SpecServeError
 from specserve.server.protocol import SamplingDefaults
 
 FILENAME = "generation_config.json"
-CHOICES = ("auto", "vllm")
 # generation_config.json's name -> SamplingDefaults' field
 APPLIED = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "max_new_tokens": "max_tokens"}
 # Fields vLLM would apply that this server does not implement, with their neutral values: logged when set.

@@ -58,10 +58,9 @@ def survival(acceptance: np.ndarray) -> np.ndarray:
 
 
 def allocate(c: np.ndarray, drafts: list[str | None], limits: list[int], costs: StepCosts,
-             spent_draft: bool = False, tpot_slos: list[float | None] | None = None,
-             first_rows: list[int] | None = None) -> Allocation:
+             tpot_slos: list[float | None] | None = None, first_rows: list[int] | None = None) -> Allocation:
     """The best-goodput lengths (l_i <= limits[i]) for survival probabilities c [B, K].
-    spent_draft: the drafting is done: only verification costs. first_rows: per request, the rows its first
+    first_rows: per request, the rows its first
     draft step runs (1; more when its draft cache must catch up; default 1 each). tpot_slos: per request, the
     seconds per output token it must get: T / A_i, the step's time over its own expected tokens, stays under
     it (every request waits for the whole step, but commits only its own tokens); where no allocation meets
@@ -76,7 +75,7 @@ def allocate(c: np.ndarray, drafts: list[str | None], limits: list[int], costs: 
     tokens = b + np.concatenate([[0.0], np.cumsum(value)])
     rows = np.minimum(costs.base_rows + np.arange(len(value) + 1), len(costs.verify) - 1)
     step = costs.verify[rows].copy()  # T of each prefix
-    if not spent_draft and len(value):
+    if len(value):
         step[1:] += np.cumsum(_draft_increments(req, pos, drafts, k, costs, first_rows))
     seconds = _charged(step, costs)
     score = tokens / seconds
@@ -96,7 +95,7 @@ def allocate(c: np.ndarray, drafts: list[str | None], limits: list[int], costs: 
 
 
 def evaluate(c: np.ndarray, lengths: list[int], drafts: list[str | None], costs: StepCosts,
-             spent_draft: bool = False, first_rows: list[int] | None = None) -> Allocation:
+             first_rows: list[int] | None = None) -> Allocation:
     """Expected tokens and predicted time of given lengths (plain decoding's alongside)."""
     b, k = c.shape
     lengths = [min(int(n), k) for n in lengths]
@@ -105,7 +104,7 @@ def evaluate(c: np.ndarray, lengths: list[int], drafts: list[str | None], costs:
     tokens = b + float(c[req, pos].sum()) if req.size else float(b)
     rows = min(costs.base_rows + int(sum(lengths)), len(costs.verify) - 1)
     step = float(costs.verify[rows])
-    if not spent_draft and req.size:
+    if req.size:
         step += float(_draft_increments(req, pos, drafts, k, costs, first_rows).sum())
     return Allocation(lengths, tokens, float(_charged(np.array([step]), costs)[0]), float(b),
                       float(_charged(np.array([_plain_step(costs)]), costs)[0]))

@@ -41,6 +41,7 @@ METHODS = ("draft_model", "eagle", NGRAM)
 DEFAULT_SPECULATIVE = ('{"model": "default", "num_speculative_tokens": 4, "ngram_first": true, '
                        '"policy": "adaptive"}')
 DRAFT_QUANTIZATIONS = ("q8_0", "q4_0", "q4_1")  # model/quantize.py's at-load formats (CPU kernels)
+OFF = ("", "none", "null", "off")  # --speculative-config values that switch speculation off
 MAX_SPECULATIVE_TOKENS = 16  # verify queries stay in the "short" attention group (attention.SHORT_QUERY_MAX)
 
 
@@ -90,7 +91,7 @@ class SpeculativeConfig:
         if value is None or isinstance(value, SpeculativeConfig):
             return value
         if isinstance(value, str):
-            if value.strip().lower() in ("", "none", "null", "off"):
+            if value.strip().lower() in OFF:
                 return None
             try:
                 value = json.loads(value)
@@ -116,7 +117,7 @@ def speculative_choice(value: str | None, model: str) -> tuple[str | None, str]:
     from specserve.spec_decode.drafts import SHIPPED, shipped_draft_dir
 
     if value is not None:
-        if value.strip().lower() in ("none", "null", "off", ""):
+        if value.strip().lower() in OFF:
             return None, "speculative decoding off (--speculative-config none)"
         return value, "speculative config from --speculative-config"
     if model != DEFAULT_MODEL:

@@ -89,5 +89,5 @@ class EagleProposer:
         self.features.pop(request_id, None)
 
     def free(self, request_id: str) -> None:
+        self.reset(request_id)
         self.drafter.free(request_id)
-        self.features.pop(request_id, None)

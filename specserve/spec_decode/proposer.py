@@ -19,9 +19,8 @@ import torch
 
 from specserve.batch import DraftOffer, ForwardItem, Proposal, ScheduledSeq
 from specserve.model.kernels import argmax_rows
-from specserve.spec_decode.config import NGRAM
 from specserve.sampling import RowParams, exponentials, process, race
-
+from specserve.spec_decode.config import NGRAM
 
 
 class NgramIndex:
@@ -180,7 +179,7 @@ class Drafter:
         self.computed.pop(request_id, None)
 
     def free(self, request_id: str) -> None:
-        self.computed.pop(request_id, None)
+        self.reset(request_id)
         if self.lookup is not None:
             self.lookup.free(request_id)
 

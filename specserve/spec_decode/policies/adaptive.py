@@ -13,8 +13,6 @@ per draft step (docs/design.md §5).
 """
 from __future__ import annotations
 
-import numpy as np
-
 from specserve.spec_decode.allocation import allocate, evaluate, survival
 from specserve.spec_decode.policies.base import Policy, register
 
