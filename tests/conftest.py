@@ -6,6 +6,10 @@ import torch
 # One thread by default: on a 2-core machine, torch with 2 threads slows 10-50x as soon as another
 # process (a test server, a benchmark) wants a core, because every op waits for both threads.
 torch.set_num_threads(int(os.environ.get("SPECSERVE_TEST_THREADS", "1")))
+# Without a GPU, Triton kernels (where Triton is installed) run under its CPU interpreter, which must be chosen
+# before Triton is imported (tests/model/test_gpu_attention.py).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(scope="session")

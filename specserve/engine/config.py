@@ -72,6 +72,7 @@ class EngineConfig:
     # "auto": a GGUF model on the CPU keeps its file's quantized blocks (faster than dense there, see
     # docs/cpu-kernels.md); "none"/None: dense in `dtype`; "gguf", "q8_0", "q4_0", "q4_1": model/quantize.py
     quantization: str | None = "auto"
+    enforce_eager: bool = False  # on a GPU: no CUDA graphs (engine/cuda_graphs.py), every step launched op by op
 
     def __post_init__(self):
         self.speculative_config = SpeculativeConfig.parse(self.speculative_config)

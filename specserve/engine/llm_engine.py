@@ -97,8 +97,10 @@ class LLMEngine:
             raise SpecServeError(f"the KV cache ({num_blocks * per_block / GiB:.3f} GiB) holds {num_blocks * config.block_size} "
                                  f"tokens, fewer than max_model_len {self.max_model_len} + {k}; "
                                  "raise --kv-cache-memory or lower --max-model-len")
-        self.runner = ModelRunner(target.model, num_blocks, config.block_size)
-        make_runner = lambda model: ModelRunner(model, num_blocks, config.block_size)  # noqa: E731
+        make_runner = functools.partial(ModelRunner, num_blocks=num_blocks, block_size=config.block_size,
+                                        max_model_len=self.max_model_len + k, enforce_eager=config.enforce_eager,
+                                        max_graph_tokens=min(512, config.max_num_batched_tokens))
+        self.runner = make_runner(target.model)
         self.proposer = build_proposer(spec, drafts, target, make_runner) if spec else None
         # (No closure over self: an engine in a reference cycle would keep its KV cache until a GC pass.)
         profile = functools.partial(profile_step_costs, self.runner, self.proposer, config, target, drafts)

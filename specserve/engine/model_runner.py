@@ -6,6 +6,7 @@ import os
 import torch
 
 from specserve.batch import ForwardItem
+from specserve.model import gpu_attention
 from specserve.model.attention import AttentionMetadata, allocate_kv_cache
 from specserve.model.kernels import short_attention_supported
 from specserve.model.llama import LlamaModel
@@ -25,17 +26,29 @@ def available_memory_bytes(device: torch.device) -> int:
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int):
+    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, max_model_len: int | None = None,
+                 enforce_eager: bool = False, max_graph_tokens: int = 512):
+        """On a CUDA GPU with Triton, steps of short queries replay CUDA graphs (`cuda_graphs.py`) unless
+        `enforce_eager`; the graphs need `max_model_len` (their block tables' width) and capture steps of up to
+        `max_graph_tokens` tokens."""
         self.model = model  # owned by the runner: its linear layers are packed for inference in place
         pack_linears(model)
         self.config = model.config
-        self.block_size = block_size
+        self.block_size, self.num_blocks = block_size, num_blocks
         weight = model.embed_tokens.weight
         self.device, self.dtype = weight.device, weight.dtype
         c = self.config
-        self.short_kernel = short_attention_supported(self.dtype, self.device)
-        self.kv_cache = allocate_kv_cache(c.num_hidden_layers, num_blocks, block_size,
+        on_gpu = gpu_attention.supported(self.dtype, self.device, c.head_dim)
+        self.short_kernel = on_gpu or short_attention_supported(self.dtype, self.device)
+        graphs = on_gpu and not enforce_eager and max_model_len is not None
+        # With graphs, one block more: padding tokens write their keys there (the sink).
+        self.kv_cache = allocate_kv_cache(c.num_hidden_layers, num_blocks + graphs, block_size,
                                           c.num_key_value_heads, c.head_dim, self.dtype, self.device)
+        self.graphs = None
+        if graphs:
+            from specserve.engine.cuda_graphs import CudaGraphRunner
+            self.graphs = CudaGraphRunner(model, self.kv_cache, block_size, num_blocks,
+                                          -(-max_model_len // block_size) + 1, max_graph_tokens)
 
     @torch.inference_mode()
     def forward(self, items: list[ForwardItem], features: torch.Tensor | None = None,
@@ -45,6 +58,8 @@ class ModelRunner:
         with `all_hidden`, hidden is [T, hidden] for every new token instead. features: [T, hidden], the
         per-token input of an EAGLE draft. device_ids: [sum of num_device_tokens] token ids already on the
         device (drafts), placed after each item's host tokens."""
+        if self.graphs is not None and self.graphs.can_run(items, features):
+            return self.graphs.forward(items, all_hidden, device_ids)
         meta = AttentionMetadata.build([it.num_tokens for it in items], [it.ctx_len for it in items],
                                        [it.block_table for it in items], self.block_size, self.device,
                                        self.config.sliding_window, self.short_kernel)

@@ -15,7 +15,9 @@ per-sequence Python work.
 
 On the CPU, short queries (decodes, verifies) go to a C kernel instead (`model/kernels`), which reads
 each sequence's keys and values once, straight from the cache, with no gather and no padding; the
-groups then hold prefill chunks only. The torch ops path remains for other devices and dtypes.
+groups then hold prefill chunks only. On a CUDA GPU a Triton kernel with the same inputs takes them
+(`model/gpu_attention`): one launch per layer, no host work, so that the step can be a CUDA graph. The torch
+ops path remains for other devices and dtypes.
 
 Prefill chunks use torch's SDPA (its fused CPU kernel was 2.3x faster than the matmuls for 256-token
 chunks). Short queries on the torch path use two matmuls instead: for 1-token decodes of a batch, SDPA
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from specserve.model import gpu_attention
 from specserve.model.kernels import short_attention
 
 SHORT_QUERY_MAX = 16  # decodes and verifies (k+1 <= 16) share a group; longer queries are prefill chunks
@@ -67,10 +70,11 @@ class AttentionGroup:
 
 @dataclass(slots=True)
 class ShortQueries:
-    """Sequences with short queries, for the C kernel (int32, as it reads them)."""
+    """Sequences with short queries, for the C kernel (int32, as it reads them) or the GPU kernel."""
     seqs: torch.Tensor          # [3, S] first query row (into the step's T tokens), q_len, ctx_len
     block_tables: torch.Tensor  # [S, max_blocks] cache blocks of each sequence (0 for padding)
     num_tokens: int             # sum of their q_lens
+    qmax: int = KERNEL_QUERY_CHUNK  # the most queries of one sequence (1 for pure decodes)
 
 
 @dataclass(slots=True)
@@ -119,7 +123,7 @@ class AttentionMetadata:
                 torch.tensor([[p[j] for p in pieces] for j in range(3)], dtype=torch.int32, device=device),
                 torch.tensor([list(block_tables[p[3]][:n]) + [0] * (width - n) for p, n in zip(pieces, blocks)],
                              dtype=torch.int32, device=device),
-                sum(q_lens[i] for i in short))
+                sum(q_lens[i] for i in short), max(p[1] for p in pieces))
             short = []
         groups = [_build_group(members, q_lens, ctx_lens, used_blocks, block_tables, starts, block_size,
                                start, device, sliding_window)
@@ -182,9 +186,13 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     v_cache.view(-1, head_dim).index_copy_(0, meta.write_index, v.reshape(-1, head_dim))
     out = q.new_empty(num_tokens, num_heads * head_dim)
     if meta.short is not None:
-        short_attention(q, k_cache, v_cache, out, meta.short.seqs, meta.short.block_tables, scale,
-                        meta.sliding_window)
-        if meta.short.num_tokens == num_tokens:
+        short = meta.short
+        if q.device.type == "cuda":
+            gpu_attention.short_attention(q, k_cache, v_cache, out, short.seqs, short.block_tables, scale,
+                                          meta.sliding_window, short.qmax)
+        else:
+            short_attention(q, k_cache, v_cache, out, short.seqs, short.block_tables, scale, meta.sliding_window)
+        if short.num_tokens == num_tokens:
             return out
     for group in meta.groups:
         num_seqs, qmax = group.query_index.shape

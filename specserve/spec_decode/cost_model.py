@@ -221,7 +221,7 @@ def _time_grid(runner, max_rows: int, context: int = 128, long_context: int = 10
     """[(rows, kv tokens, seconds)] for decode/verify-shaped forwards at every knot up to max_rows, and a few
     at a long context for the KV term. Uses cache blocks from 0 up: run before any request exists."""
     block = runner.block_size
-    num_blocks = runner.kv_cache.shape[2]
+    num_blocks = runner.num_blocks
     max_rows = min(max_rows, MAX_PROFILED_ROWS)
     shapes = [(n, context) for n in KNOTS if n <= max_rows]
     shapes += [(max_rows, context)] if max_rows not in KNOTS else []

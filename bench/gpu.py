@@ -1,0 +1,212 @@
+"""GPU throughput of specserve on random-weight models built from configs (no download), as issue 64 measures it.
+
+    python bench/gpu.py --out bench/results/gpu/RUN            # every shape, batch 1 and 32, off / n-gram / adaptive
+    python bench/gpu.py --variants before,after --before .before   # also an older checkout's package, same card
+
+Each (variant, shape) runs in its own process: `after` is this checkout (CUDA graphs), `eager` the same with
+--enforce-eager, `before` the package found under --before (e.g. `git archive <commit> specserve | tar -x -C
+.before`). Per speculative config one engine serves a batch of 1, then a batch of 32 (so the adaptive policy
+meets both levels in one life: the two-level load), each prompt 256 random tokens, 128 new tokens, greedy,
+EOS ignored. It prints tok/s, steps, tokens per step, and writes rows.json; `--profile` adds the share of a
+batch-32 step the GPU is busy (torch.profiler: kernel time over wall time), `--identity` checks greedy output
+in float32 with and without speculation.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SHAPES = {  # Hugging Face configs of the two shapes (random weights; rope scaling left out: shape, not quality)
+    "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                         num_key_value_heads=3, vocab_size=49152, rope_theta=100000.0, tie_word_embeddings=True),
+    "llama-3.2-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                         num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0, tie_word_embeddings=True),
+}
+CONFIGS = {"off": None, "ngram-k4": {"method": "ngram", "num_speculative_tokens": 4, "policy": "static"},
+           "adaptive": {"method": "ngram", "num_speculative_tokens": 4, "policy": "adaptive"}}
+
+
+def sync() -> None:
+    import torch
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def make_model(shape: str, folder: Path, device: str) -> Path:
+    """A model directory of `shape` with random bf16 weights (std 0.02) and SmolLM2's tokenizer."""
+    import torch
+    from specserve.model.config import ModelConfig
+    from specserve.model.llama import LlamaModel
+    from specserve.model.weights import hf_state_dict, save_hf_weights
+    folder.mkdir(parents=True, exist_ok=True)
+    hf = dict(SHAPES[shape], architectures=["LlamaForCausalLM"], model_type="llama", rms_norm_eps=1e-5,
+              max_position_embeddings=2048, bos_token_id=1, eos_token_id=2, hidden_act="silu")
+    torch.manual_seed(0)
+    model = LlamaModel(ModelConfig.from_hf(hf), device=device)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" not in name:
+                p.normal_(0, 0.02)
+    save_hf_weights({k: v.to(torch.bfloat16).cpu() for k, v in hf_state_dict(model).items()}, folder)
+    (folder / "config.json").write_text(json.dumps(hf))
+    tok = ROOT / "specserve" / "drafts" / "chat" / "tokenizer.json"
+    (folder / "tokenizer.json").write_bytes(tok.read_bytes())
+    return folder
+
+
+def prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    import random
+    rng = random.Random(seed)
+    return [[rng.randrange(3, min(vocab, 49152)) for _ in range(length)] for _ in range(n)]
+
+
+def generate(engine, batch: list[list[int]], params) -> tuple[float, int, int]:
+    """(seconds, steps, tokens) to finish `batch` on `engine` (LLMEngine), stepping it ourselves."""
+    for p in batch:
+        engine.add_request(p, params)
+    sync()
+    t0, steps, tokens = time.perf_counter(), 0, 0
+    while engine.has_unfinished():
+        tokens += sum(len(o.delta_token_ids) for o in engine.step())
+        steps += 1
+    sync()
+    return time.perf_counter() - t0, steps, tokens
+
+
+def worker(args) -> None:
+    """One (variant, shape): every config, batch 1 then 32 on one engine each; rows appended to --rows."""
+    import torch
+    from specserve.engine.llm import LLM
+    from specserve.engine.sampling_params import SamplingParams
+    vocab = SHAPES[args.shape]["vocab_size"]
+    params = SamplingParams(max_tokens=args.new_tokens, temperature=0.0, ignore_eos=True)
+    warm = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    for name in args.configs.split(","):
+        kwargs = dict(dtype="bfloat16", device=args.device, max_num_seqs=64, speculative_config=CONFIGS[name])
+        if args.variant == "eager":
+            kwargs["enforce_eager"] = True
+        t0 = time.perf_counter()
+        llm = LLM(args.model_dir, **kwargs)
+        start_s = time.perf_counter() - t0
+        for b in (1, 32):  # warm-up: compile kernels, capture the graphs of both levels
+            generate(llm.engine, prompts(b, args.prompt_len, vocab, seed=99), warm)
+        for batch in map(int, args.batches.split(",")):
+            seconds, steps, tokens = generate(llm.engine, prompts(batch, args.prompt_len, vocab, seed=batch), params)
+            row = dict(variant=args.variant, shape=args.shape, config=name, batch=batch, seconds=seconds,
+                       steps=steps, tokens=tokens, tok_s=tokens / seconds, startup_s=start_s,
+                       device=torch.cuda.get_device_name() if args.device == "cuda" else args.device)
+            if args.profile and batch == 32:
+                row["gpu_busy"] = gpu_busy(llm.engine, prompts(32, args.prompt_len, vocab, seed=7), params)
+            print(json.dumps(row), flush=True)
+            with open(args.rows, "a") as f:
+                f.write(json.dumps(row) + "\n")
+        del llm
+        torch.cuda.empty_cache()
+
+
+def gpu_busy(engine, batch, params) -> float:
+    """Kernel time over wall time while `batch` runs (the profiler's own overhead lowers it a little)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        seconds, _, _ = generate(engine, batch, params)
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    busy_us = sum(e.device_time_total for e in kernels if e.device_time_total > 0 and "Memcpy" not in e.name)
+    return busy_us / 1e6 / seconds
+
+
+def identity(model_dir: str, out: Path, device: str) -> dict:
+    """Greedy token ids in float32 on the GPU: plain decoding (eager and graphs) against n-gram k=4 static and
+    adaptive. Returns how many of the sequences agree token for token."""
+    from specserve.engine.llm import LLM
+    from specserve.engine.sampling_params import SamplingParams
+    params = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
+    batch = prompts(8, 64, 49152, seed=3)
+    ids = {}
+    for name, kwargs in [("off-eager", dict(enforce_eager=True)), ("off", {}),
+                         ("ngram-k4", dict(speculative_config=CONFIGS["ngram-k4"])),
+                         ("adaptive", dict(speculative_config=CONFIGS["adaptive"]))]:
+        llm = LLM(model_dir, dtype="float32", device=device, **kwargs)
+        ids[name] = [o.token_ids for o in llm.generate(batch, params)]
+        del llm
+    result = {name: sum(a == b for a, b in zip(ids["off-eager"], v)) for name, v in ids.items()}
+    (out / "identity.json").write_text(json.dumps(dict(agree_of_8=result, ids=ids)))
+    return result
+
+
+def table(rows: list[dict]) -> str:
+    by = {(r["variant"], r["shape"], r["config"], r["batch"]): r for r in rows}
+    variants = sorted({r["variant"] for r in rows}, key=["before", "eager", "after"].index)
+    lines = ["| shape | batch | config | " + " | ".join(f"{v} tok/s" for v in variants)
+             + " | tokens/step (last) | GPU busy |", "|---" * (5 + len(variants)) + "|"]
+    for shape, config, batch in sorted({k[1:] for k in by}, key=lambda k: (k[0], k[2], list(CONFIGS).index(k[1]))):
+        cells = [f"{by[v, shape, config, batch]['tok_s']:,.0f}" if (v, shape, config, batch) in by else "-"
+                 for v in variants]
+        last = by[variants[-1], shape, config, batch] if (variants[-1], shape, config, batch) in by else {}
+        per_step = f"{last['tokens'] / last['steps'] / batch:.2f}" if last else "-"
+        busy = f"{last['gpu_busy']:.0%}" if "gpu_busy" in last else "-"
+        lines.append(f"| {shape} | {batch} | {config} | " + " | ".join(cells) + f" | {per_step} | {busy} |")
+    for v in variants:  # the two-level load: batch 1 then batch 32 on one engine, total time
+        for shape in sorted({k[1] for k in by}):
+            total = {c: sum(by[v, shape, c, b]["seconds"] for b in (1, 32) if (v, shape, c, b) in by)
+                     for c in CONFIGS if all((v, shape, c, b) in by for b in (1, 32))}
+            if total:
+                lines.append(f"two-level ({v}, {shape}): " + ", ".join(f"{c} {s:.2f} s" for c, s in total.items()))
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="bench/results/gpu/run")
+    p.add_argument("--shapes", default=",".join(SHAPES))
+    p.add_argument("--variants", default="after", help="before, eager, after (comma-separated)")
+    p.add_argument("--before", default=".before", help="folder holding the older `specserve` package")
+    p.add_argument("--configs", default=",".join(CONFIGS))
+    p.add_argument("--batches", default="1,32")
+    p.add_argument("--prompt-len", type=int, default=256)
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--profile", action="store_true", help="GPU busy share of the batch-32 run (after only)")
+    p.add_argument("--identity", action="store_true", help="float32 greedy identity with and without speculation")
+    p.add_argument("--device", default="cuda", help="cuda; cpu only to try the script (default: %(default)s)")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--variant", help=argparse.SUPPRESS)
+    p.add_argument("--shape", help=argparse.SUPPRESS)
+    p.add_argument("--model-dir", help=argparse.SUPPRESS)
+    p.add_argument("--rows", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    sys.path.insert(0, str(ROOT) if not args.worker or args.variant != "before" else str(Path(args.before)))
+    if args.worker:
+        return worker(args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows_path = out / "rows.jsonl"
+    models = Path(tempfile.mkdtemp(prefix="specserve-gpu-"))
+    if args.identity:
+        print("identity (sequences of 8 equal to eager plain decoding):",
+              identity(str(make_model("smollm2-135m", models / "identity", args.device)), out, args.device), flush=True)
+    for shape in args.shapes.split(","):
+        model_dir = make_model(shape, models / shape, args.device)
+        for variant in args.variants.split(","):
+            env = dict(os.environ, PYTHONPATH=str(Path(args.before).resolve() if variant == "before" else ROOT))
+            cmd = [sys.executable, __file__, "--worker", "--variant", variant, "--shape", shape,
+                   "--model-dir", str(model_dir), "--rows", str(rows_path), "--configs", args.configs,
+                   "--batches", args.batches, "--prompt-len", str(args.prompt_len),
+                   "--new-tokens", str(args.new_tokens), "--device", args.device] + (["--profile"] if args.profile and variant == "after" else [])
+            code = subprocess.call(cmd, env=env)
+            if code:
+                print(f"worker {variant} {shape} exited {code}", flush=True)
+    rows = [json.loads(line) for line in rows_path.read_text().splitlines()] if rows_path.exists() else []
+    text = table(rows)
+    (out / "table.md").write_text(f"card: {rows[0]['device'] if rows else '?'}\n\n{text}\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""CUDA graphs for the steps of short queries: decodes, verifies, draft-model steps (vLLM's "piecewise off" mode).
+
+A 135M model's eager step launches ~860 kernels, and on a GPU the launches, not the math, set the step's time
+(issue 64's profile: 1.9 ms of GPU work in a 19 ms step). A graph replays the whole forward as one launch. It is
+captured once per padded token count T (`BUCKETS`) and query shape (pure decodes, or up to 32 queries a
+sequence), over buffers that stay put: each step writes its inputs into them and replays.
+
+The step's inputs travel as one packed int64 transfer from a pinned buffer, laid out for its bucket T:
+
+    ids [T] | positions [T] | slots [T] | seqs [3, T] (first row, q_len, ctx_len) | tables [T, W] | extra
+
+`extra` holds, for this step only, the slots of the tokens that are drafts already on the device and the rows
+whose logits are wanted. Padding tokens write their keys to a sink block past the real ones; padding sequences
+have no queries. Every row is independent of the others (attention reads only its own sequence), so the
+padding rows' values never reach a real one.
+
+Prefill chunks longer than 32 tokens and EAGLE drafts (which take features) run eagerly.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from specserve.batch import ForwardItem
+from specserve.model.attention import KERNEL_QUERY_CHUNK, AttentionMetadata, ShortQueries
+
+BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512)
+STAGING_RING = 4  # pinned input buffers in turn: a draft model runs several forwards before the step's sync
+
+
+class CudaGraphRunner:
+    def __init__(self, model, kv_cache: torch.Tensor, block_size: int, sink_block: int, max_blocks: int,
+                 max_tokens: int):
+        self.model, self.kv_cache, self.block_size = model, kv_cache, block_size
+        self.sink_slot = sink_block * block_size
+        self.width = max_blocks
+        self.buckets = [b for b in BUCKETS if b <= max_tokens] or [1]
+        size = self.buckets[-1] * (6 + max_blocks) + 2 * self.buckets[-1] * KERNEL_QUERY_CHUNK
+        self.device = kv_cache.device
+        self.packed = torch.zeros(size, dtype=torch.long, device=self.device)
+        self.staging = [torch.zeros(size, dtype=torch.long).pin_memory() for _ in range(STAGING_RING)]
+        self.copied = [None] * STAGING_RING  # the event after each staging buffer's last copy
+        self.turn = 0
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        self.pool = None
+
+    def can_run(self, items: list[ForwardItem], features) -> bool:
+        return (features is None and sum(it.num_tokens for it in items) <= self.buckets[-1]
+                and all(it.num_tokens <= KERNEL_QUERY_CHUNK and len(it.block_table) <= self.width for it in items))
+
+    def forward(self, items: list[ForwardItem], all_hidden: bool, device_ids: torch.Tensor | None):
+        num_tokens = sum(it.num_tokens for it in items)
+        bucket = next(b for b in self.buckets if b >= num_tokens)
+        qmax = 1 if all(it.num_tokens == 1 for it in items) else KERNEL_QUERY_CHUNK
+        if (bucket, qmax) not in self.graphs:
+            self.graphs[bucket, qmax] = self._capture(bucket, qmax)
+        graph, logits, hidden = self.graphs[bucket, qmax]
+        staging, num_drafts, num_extra = self._pack(items, bucket)
+        base = bucket * (6 + self.width)
+        self.packed[:base + num_extra].copy_(staging[:base + num_extra], non_blocking=True)
+        self.copied[self.turn] = torch.cuda.Event()
+        self.copied[self.turn].record()
+        if num_drafts:
+            self.packed[:bucket].index_copy_(0, self.packed[base:base + num_drafts], device_ids)
+        graph.replay()
+        rows = self.packed[base + num_drafts:base + num_extra]
+        if all_hidden:
+            return logits.index_select(0, rows), hidden[:num_tokens].clone()
+        return logits.index_select(0, rows), hidden.index_select(0, rows)
+
+    def _pack(self, items: list[ForwardItem], bucket: int) -> tuple[torch.Tensor, int, int]:
+        """Writes the step's inputs into the next pinned staging buffer. Returns it, the number of draft
+        slots and the number of extra entries (draft slots, then logit rows)."""
+        self.turn = (self.turn + 1) % STAGING_RING
+        if self.copied[self.turn] is not None:
+            self.copied[self.turn].synchronize()  # its last copy finished long ago, in practice
+        buf = self.staging[self.turn].numpy()
+        t, w, bs = bucket, self.width, self.block_size
+        ids, pos, slots = buf[:t], buf[t:2 * t], buf[2 * t:3 * t]
+        seqs, tables = buf[3 * t:6 * t].reshape(3, t), buf[6 * t:6 * t + t * w].reshape(t, w)
+        buf[:6 * t] = 0
+        slots[:] = self.sink_slot
+        drafts, rows, start = [], [], 0
+        for i, it in enumerate(items):
+            end = start + it.num_tokens
+            ids[start:start + len(it.token_ids)] = it.token_ids
+            drafts.extend(range(start + len(it.token_ids), end))
+            rows.extend(range(end - it.num_logits, end))
+            p = np.arange(it.ctx_len - it.num_tokens, it.ctx_len)
+            table = np.asarray(it.block_table, dtype=np.int64)
+            pos[start:end] = p
+            slots[start:end] = table[p // bs] * bs + p % bs
+            seqs[:, i] = (start, it.num_tokens, it.ctx_len)
+            tables[i, :len(table)] = table
+            start = end
+        base = 6 * t + t * w
+        buf[base:base + len(drafts) + len(rows)] = drafts + rows
+        return self.staging[self.turn], len(drafts), len(drafts) + len(rows)
+
+    def _capture(self, bucket: int, qmax: int):
+        """Captures the forward of `bucket` tokens over views of the packed buffer (filled with padding first,
+        so that the warm-up runs write only the sink block)."""
+        t, w = bucket, self.width
+        p = self.packed
+        pad = torch.zeros(6 * t + t * w, dtype=torch.long)
+        pad[2 * t:3 * t] = self.sink_slot
+        p[:len(pad)].copy_(pad)  # a blocking copy: before this step's inputs are written again (see forward)
+        seqs, tables = p[3 * t:6 * t].view(3, t), p[6 * t:6 * t + t * w].view(t, w)
+        meta = AttentionMetadata(p[t:2 * t], p[2 * t:3 * t], [], self.model.config.sliding_window,
+                                 ShortQueries(seqs, tables, t, qmax))
+
+        def run():
+            meta.write_index = None  # derived from slot_mapping inside the captured work
+            hidden = self.model(p[:t], meta, self.kv_cache)
+            return self.model.compute_logits(hidden), hidden
+
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                run()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            logits, hidden = run()
+        self.pool = graph.pool()
+        return graph, logits, hidden
