@@ -15,7 +15,7 @@ EOS = "</s>"
 
 def byte_tokenizer() -> Tokenizer:
     """Byte-level BPE with 256 byte tokens, 2 merges, 2 specials: 260 tokens (ids 258 <s>, 259 </s>)."""
-    from tests.model.gguf_fixtures import MERGES, TOKENS
+    from tests.byte_vocab import MERGES, TOKENS
     tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(TOKENS)},
                                merges=[tuple(m.split(" ")) for m in MERGES]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -2,8 +2,8 @@
 
 A 135M model's eager step launches ~860 kernels, and on a GPU the launches, not the math, set the step's time
 (issue 64's profile: 1.9 ms of GPU work in a 19 ms step). A graph replays the whole forward as one launch. It is
-captured once per padded token count T (`BUCKETS`) and query shape (pure decodes, or up to 32 queries a
-sequence), over buffers that stay put: each step writes its inputs into them and replays.
+captured once per padded token count T (`BUCKETS`) and attention variant (the longest query's, see
+`gpu_attention.QMAX_VARIANTS`), over buffers that stay put: each step writes its inputs into them and replays.
 
 The step's inputs travel as one packed int64 transfer from a pinned buffer, laid out for its bucket T:
 
@@ -23,6 +23,7 @@ import torch
 
 from specserve.batch import ForwardItem
 from specserve.model.attention import KERNEL_QUERY_CHUNK, AttentionMetadata, ShortQueries
+from specserve.model.gpu_attention import QMAX_VARIANTS
 
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512)
 STAGING_RING = 4  # pinned input buffers in turn: a draft model runs several forwards before the step's sync
@@ -35,14 +36,28 @@ class CudaGraphRunner:
         self.sink_slot = sink_block * block_size
         self.width = max_blocks
         self.buckets = [b for b in BUCKETS if b <= max_tokens] or [1]
-        size = self.buckets[-1] * (6 + max_blocks) + 2 * self.buckets[-1] * KERNEL_QUERY_CHUNK
+        size = self.buckets[-1] * (8 + max_blocks)  # the layout above, extra (drafts + logit rows) <= 2 T
         self.device = kv_cache.device
         self.packed = torch.zeros(size, dtype=torch.long, device=self.device)
         self.staging = [torch.zeros(size, dtype=torch.long).pin_memory() for _ in range(STAGING_RING)]
         self.copied = [None] * STAGING_RING  # the event after each staging buffer's last copy
         self.turn = 0
-        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        # Every graph writes its results into these (one copy each): outputs of its own would pin T x vocab
+        # float32 per graph (2.3 GB over a 1B model's graphs).
+        self.logits = torch.empty(self.buckets[-1], model.lm_head.weight.shape[0], device=self.device)
+        self.hidden = torch.empty(self.buckets[-1], model.config.hidden_size, dtype=model.lm_head.weight.dtype,
+                                  device=self.device)
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.pool = None
+
+    def capture_all(self, max_decodes: int) -> None:
+        """Captures, largest first (smaller graphs then reuse the pool's memory), pure-decode steps of up to
+        `max_decodes` sequences and verify-shaped steps (up to 8 queries a sequence) of every bucket. Steps of
+        longer queries (prefill pieces, drafts past 7) are captured when they first come."""
+        for bucket in reversed(self.buckets):
+            for qmax in (QMAX_VARIANTS[1], QMAX_VARIANTS[0]):
+                if qmax > 1 or bucket <= max_decodes:
+                    self.graphs[bucket, qmax] = self._capture(bucket, qmax)
 
     def can_run(self, items: list[ForwardItem], features) -> bool:
         return (features is None and sum(it.num_tokens for it in items) <= self.buckets[-1]
@@ -51,10 +66,11 @@ class CudaGraphRunner:
     def forward(self, items: list[ForwardItem], all_hidden: bool, device_ids: torch.Tensor | None):
         num_tokens = sum(it.num_tokens for it in items)
         bucket = next(b for b in self.buckets if b >= num_tokens)
-        qmax = 1 if all(it.num_tokens == 1 for it in items) else KERNEL_QUERY_CHUNK
+        longest = max(it.num_tokens for it in items)
+        qmax = next(n for n in QMAX_VARIANTS if n >= longest)
         if (bucket, qmax) not in self.graphs:
             self.graphs[bucket, qmax] = self._capture(bucket, qmax)
-        graph, logits, hidden = self.graphs[bucket, qmax]
+        graph = self.graphs[bucket, qmax]
         staging, num_drafts, num_extra = self._pack(items, bucket)
         base = bucket * (6 + self.width)
         self.packed[:base + num_extra].copy_(staging[:base + num_extra], non_blocking=True)
@@ -65,8 +81,8 @@ class CudaGraphRunner:
         graph.replay()
         rows = self.packed[base + num_drafts:base + num_extra]
         if all_hidden:
-            return logits.index_select(0, rows), hidden[:num_tokens].clone()
-        return logits.index_select(0, rows), hidden.index_select(0, rows)
+            return self.logits.index_select(0, rows), self.hidden[:num_tokens].clone()
+        return self.logits.index_select(0, rows), self.hidden.index_select(0, rows)
 
     def _pack(self, items: list[ForwardItem], bucket: int) -> tuple[torch.Tensor, int, int]:
         """Writes the step's inputs into the next pinned staging buffer. Returns it, the number of draft
@@ -112,16 +128,16 @@ class CudaGraphRunner:
         def run():
             meta.write_index = None  # derived from slot_mapping inside the captured work
             hidden = self.model(p[:t], meta, self.kv_cache)
-            return self.model.compute_logits(hidden), hidden
+            self.logits[:t].copy_(self.model.compute_logits(hidden))
+            self.hidden[:t].copy_(hidden)
 
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            for _ in range(2):
-                run()
+            run()  # warm-up: compiles the attention variant, creates the library handles
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            logits, hidden = run()
+            run()
         self.pool = graph.pool()
-        return graph, logits, hidden
+        return graph

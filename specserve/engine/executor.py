@@ -18,6 +18,25 @@ from specserve.engine.sequence import Sequence
 HiddenTap = Callable[[Sequence, int, torch.Tensor], None]
 
 
+class DeviceClock:
+    """Phase times on the device's own timeline (CUDA events). On a GPU the host returns from a forward as soon
+    as its work is queued, so host clocks would credit the forward's time to whatever waits next (the
+    sampler's transfer) and the cost model would learn that forwards are free. On the CPU: no events."""
+
+    def __init__(self, device: torch.device):
+        self.events = [] if device.type == "cuda" else None
+
+    def mark(self) -> None:
+        if self.events is not None:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.events.append(event)
+
+    def intervals(self) -> list[float]:
+        """Seconds between consecutive marks (call after a synchronisation that covers the last one)."""
+        return [a.elapsed_time(b) / 1e3 for a, b in zip(self.events, self.events[1:])]
+
+
 class Executor:
     def __init__(self, runner: ModelRunner, proposer=None, policy=None):
         self.runner = runner
@@ -30,16 +49,24 @@ class Executor:
 
     def execute(self, plan: StepPlan) -> StepResult:
         times = PhaseTimes()
+        clock = DeviceClock(self.runner.device)
         t0 = time.perf_counter()
+        clock.mark()
         proposal = self.propose(plan)
         t1 = time.perf_counter()
+        clock.mark()
         items, owners, sampling, draft_ids = self._forward_items(plan, proposal)
         logits, hidden = self.runner.forward(items, all_hidden=bool(self.hidden_taps), device_ids=draft_ids)
         t2 = time.perf_counter()
+        clock.mark()
         committed, logprobs, confidences = self.sampler(logits, sampling, proposal)
         if self.hidden_taps:
             self._tap(items, owners, committed[:len(plan.decodes)], hidden)
         times.draft, times.forward, times.sample = t1 - t0, t2 - t1, time.perf_counter() - t2
+        if clock.events:  # the sampler's transfer waited for the device: its phases are now known
+            device_draft, device_forward = clock.intervals()
+            times.draft, times.forward = device_draft, device_forward
+            times.sample = max(0.0, time.perf_counter() - t0 - device_draft - device_forward)
         return StepResult(sampling, committed, logprobs, proposal, times, sum(it.ctx_len for it in items),
                           confidences)
 

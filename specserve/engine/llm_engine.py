@@ -99,7 +99,8 @@ class LLMEngine:
                                  "raise --kv-cache-memory or lower --max-model-len")
         make_runner = functools.partial(ModelRunner, num_blocks=num_blocks, block_size=config.block_size,
                                         max_model_len=self.max_model_len + k, enforce_eager=config.enforce_eager,
-                                        max_graph_tokens=min(512, config.max_num_batched_tokens))
+                                        max_graph_tokens=min(512, config.max_num_batched_tokens),
+                                        max_num_seqs=config.max_num_seqs)
         self.runner = make_runner(target.model)
         self.proposer = build_proposer(spec, drafts, target, make_runner) if spec else None
         # (No closure over self: an engine in a reference cycle would keep its KV cache until a GC pass.)

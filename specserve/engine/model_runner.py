@@ -1,7 +1,9 @@
 """Runs one batched forward of a model over its paged KV cache. Used for the target and the draft."""
 from __future__ import annotations
 
+import logging
 import os
+import time
 
 import torch
 
@@ -11,6 +13,8 @@ from specserve.model.attention import AttentionMetadata, allocate_kv_cache
 from specserve.model.kernels import short_attention_supported
 from specserve.model.llama import LlamaModel
 from specserve.model.packed_linear import pack_linears
+
+log = logging.getLogger("specserve.engine")
 
 
 def kv_bytes_per_block(model: LlamaModel, block_size: int, dtype: torch.dtype) -> int:
@@ -27,10 +31,10 @@ def available_memory_bytes(device: torch.device) -> int:
 
 class ModelRunner:
     def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, max_model_len: int | None = None,
-                 enforce_eager: bool = False, max_graph_tokens: int = 512):
+                 enforce_eager: bool = False, max_graph_tokens: int = 512, max_num_seqs: int = 64):
         """On a CUDA GPU with Triton, steps of short queries replay CUDA graphs (`cuda_graphs.py`) unless
-        `enforce_eager`; the graphs need `max_model_len` (their block tables' width) and capture steps of up to
-        `max_graph_tokens` tokens."""
+        `enforce_eager`; the graphs need `max_model_len` (their block tables' width), cover steps of up to
+        `max_graph_tokens` tokens and are captured here (decodes of up to `max_num_seqs` sequences, verifies)."""
         self.model = model  # owned by the runner: its linear layers are packed for inference in place
         pack_linears(model)
         self.config = model.config
@@ -40,7 +44,8 @@ class ModelRunner:
         c = self.config
         on_gpu = gpu_attention.supported(self.dtype, self.device, c.head_dim)
         self.short_kernel = on_gpu or short_attention_supported(self.dtype, self.device)
-        graphs = on_gpu and not enforce_eager and max_model_len is not None
+        # EAGLE drafts take features per token: they run eagerly.
+        graphs = on_gpu and not enforce_eager and max_model_len is not None and model.fc is None
         # With graphs, one block more: padding tokens write their keys there (the sink).
         self.kv_cache = allocate_kv_cache(c.num_hidden_layers, num_blocks + graphs, block_size,
                                           c.num_key_value_heads, c.head_dim, self.dtype, self.device)
@@ -49,6 +54,10 @@ class ModelRunner:
             from specserve.engine.cuda_graphs import CudaGraphRunner
             self.graphs = CudaGraphRunner(model, self.kv_cache, block_size, num_blocks,
                                           -(-max_model_len // block_size) + 1, max_graph_tokens)
+            t0 = time.perf_counter()
+            self.graphs.capture_all(max_num_seqs)
+            log.info("CUDA graphs: %d captured in %.1f s (--enforce-eager: none)", len(self.graphs.graphs),
+                     time.perf_counter() - t0)
 
     @torch.inference_mode()
     def forward(self, items: list[ForwardItem], features: torch.Tensor | None = None,

@@ -10,9 +10,10 @@ One program per (sequence, KV head) holds all the query heads that share that KV
 sequence: ROWS = QMAX * heads_per_kv rows, row r being query r // heads_per_kv of head r % heads_per_kv. Keys
 and values are loaded once for them all (grouped-query attention without repeating keys). Softmax is online
 (running max and sum in float32), so a row's arithmetic does not depend on the other rows of its program or on
-the batch: a verify row rounds as the decode of the same token does. QMAX is 1 for steps of pure decodes (16
-rows of tensor-core tile, mostly the query heads) and 32 otherwise (verifies and 32-token prefill pieces, see
-`attention.KERNEL_QUERY_CHUNK`).
+the batch: a verify row rounds as the decode of the same token does. QMAX, the queries a program holds, is 1
+for steps of pure decodes (a 16-row tensor-core tile, mostly the query heads), 8 for verifies of up to 7
+drafts, 32 otherwise (32-token prefill pieces, see `attention.KERNEL_QUERY_CHUNK`): each step's longest query
+picks one of the three compiled variants.
 
 A long context is read by one program's loop (no split over the keys): fine for the contexts this kernel was
 measured on (bench/gpu.py: up to ~400 tokens); a split-K variant would be the next step for long documents.
@@ -30,6 +31,7 @@ except ImportError:  # the CPU wheel of torch comes without Triton: the C kernel
     triton = None
 
 KEYS = 64  # key positions per tile
+QMAX_VARIANTS = (1, 8, 32)  # queries per sequence a compiled variant holds
 
 
 def supported(dtype: torch.dtype, device: torch.device, head_dim: int) -> bool:
@@ -105,12 +107,12 @@ def short_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     left as they are). q: [T, H, D] (stride(2) == 1); k_cache, v_cache: [num_blocks, Hkv, block_size, D];
     out: [T, H * D] contiguous; seqs: [3, S] integer (first query row, query count, context length incl. the
     queries; a padding sequence has 0 queries); block_tables: [S, max_blocks] integer; qmax: the most queries
-    any sequence has (1, or at most 32)."""
+    any sequence has (at most 32)."""
     num_blocks, num_kv_heads, block_size, head_dim = k_cache.shape
     assert q.stride(2) == 1 and out.is_contiguous() and k_cache.is_contiguous() and v_cache.is_contiguous()
     assert seqs.is_contiguous() and block_tables.is_contiguous() and qmax <= 32
     per_kv = q.shape[1] // num_kv_heads
-    rows_max = 1 if qmax == 1 else 32
+    rows_max = next(n for n in QMAX_VARIANTS if n >= qmax)
     rows = max(16, triton.next_power_of_2(rows_max * per_kv))
     num_seqs = seqs.shape[1]
     _short_attention_kernel[(num_seqs, num_kv_heads)](

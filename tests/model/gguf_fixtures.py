@@ -3,23 +3,7 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType, GGUFWriter, quants
 
-
-def _bytes_to_unicode():
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return [chr(c) for _, c in sorted(zip(bs, cs))]
-
-
-TOKENS = _bytes_to_unicode() + ["Ġt", "he", "<s>", "</s>"]
-MERGES = ["Ġ t", "h e"]
-TYPES = [1] * 258 + [3, 3]
-VOCAB = len(TOKENS)  # 260
+from tests.byte_vocab import MERGES, TOKENS, TYPES
 
 
 def _permute(w, n_heads):

@@ -6,7 +6,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from specserve.errors import ModelLoadError
 from specserve.model.loader import load_model
 from specserve.model.registry import gguf_path
-from tests.model.gguf_fixtures import VOCAB, write_gguf
+from tests.byte_vocab import VOCAB
+from tests.model.gguf_fixtures import write_gguf
 from tests.model.helpers import new_cache, run_step
 
 CFG = dict(hidden=64, ffn=96, layers=2, heads=4, kv_heads=2)

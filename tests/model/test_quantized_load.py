@@ -10,7 +10,8 @@ from specserve.model import kernels
 from specserve.model.cpu_linear import KernelLinear, dequantize_gguf, kernel_can_run, quantize
 from specserve.model.loader import load_model
 from specserve.model.quantize import weight_summary
-from tests.model.gguf_fixtures import VOCAB, write_gguf
+from tests.byte_vocab import VOCAB
+from tests.model.gguf_fixtures import write_gguf
 from tests.model.helpers import new_cache, run_step
 
 needs_kernel = pytest.mark.skipif(not kernel_can_run(torch.zeros(1)), reason="no C compiler: no kernel here")
