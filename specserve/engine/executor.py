@@ -33,7 +33,8 @@ class DeviceClock:
             self.events.append(event)
 
     def intervals(self) -> list[float]:
-        """Seconds between consecutive marks (call after a synchronisation that covers the last one)."""
+        """Seconds between consecutive marks (after the step's transfer, the wait is none)."""
+        self.events[-1].synchronize()
         return [a.elapsed_time(b) / 1e3 for a, b in zip(self.events, self.events[1:])]
 
 
