@@ -11,6 +11,12 @@ A request that cannot be added fails alone; a failed step is retried without its
 (engine_loop.py). The loop's liveness is observable: any message it sends is a heartbeat (at least every
 0.5 s when idle), and `health_problem()` names a loop that died or whose current step has run longer than
 `stall_timeout` (a hung step).
+
+An engine process is supervised: when it dies (a crash, the OOM killer) or hangs (killed after
+`stall_timeout`), every request in flight fails at once with EngineDeadError, and a new process starts
+(`restarting` says why meanwhile; new requests are refused). More than `max_restarts` deaths within
+RESTART_WINDOW_S is a crash loop: the engine gives up and sets `fatal`, and the server exits non-zero so
+that its orchestrator sees it (`max_restarts=0`: give up at the first death, as vLLM does).
 """
 from __future__ import annotations
 
@@ -34,22 +40,32 @@ log = logging.getLogger("specserve.engine")
 __all__ = ["AsyncLLMEngine", "EngineDeadError"]
 DEFAULT_STALL_TIMEOUT_S = 60.0
 READY_TIMEOUT_S = 3600.0  # an engine process loading (and fetching, converting, profiling) its model
+DEFAULT_ENGINE_RESTARTS = 3  # engine deaths survived within RESTART_WINDOW_S; one more and the server exits
+RESTART_WINDOW_S = 600.0
 
 
 class AsyncLLMEngine:
     def __init__(self, config: EngineConfig | None = None, engine=None,
-                 stall_timeout: float = DEFAULT_STALL_TIMEOUT_S, process: bool = False):
+                 stall_timeout: float = DEFAULT_STALL_TIMEOUT_S, process: bool = False,
+                 max_restarts: int = DEFAULT_ENGINE_RESTARTS):
         """Give a config (the engine is built here, or in its own process with `process=True`) or a built
-        LLMEngine (run on a thread)."""
+        LLMEngine (run on a thread). `max_restarts`: see the module's docstring (engine processes only)."""
         self.engine = None  # the LLMEngine, when it lives in this process (None with process=True)
         self._process = None
+        self.config = config or EngineConfig()
+        self.max_restarts = max_restarts
+        self.restarts = 0                   # engine processes started after a death
+        self.restarting: str | None = None  # why, while a new engine process starts
+        self.fatal: str | None = None       # the engine died for good: the server should exit
+        self.restart_listeners: list[Callable[[int], None]] = []  # called with the count after each restart
+        self._deaths: list[float] = []      # when engine processes died, within the restart window
         if process:
             if engine is not None:
                 raise ValueError("an engine built here cannot run in another process")
-            self._process, self._commands, self._messages = start_engine_process(config or EngineConfig())
+            self._process, self._commands, self._messages = start_engine_process(self.config)
         else:
             from specserve.engine.llm_engine import LLMEngine
-            self.engine = engine or LLMEngine(config or EngineConfig())
+            self.engine = engine or LLMEngine(self.config)
             self._commands = queue.SimpleQueue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._ids = itertools.count()
@@ -65,10 +81,14 @@ class AsyncLLMEngine:
         self.tokenizer = self.info.tokenizer
         self.inputs = InputProcessor(self.tokenizer, self.info.vocab_size, self.info.max_model_len)
 
-    def _wait_ready(self):
-        kind, *payload = self._messages.get(timeout=READY_TIMEOUT_S)
+    def _wait_ready(self, process=None, messages=None):
+        process, messages = process or self._process, messages or self._messages
+        try:
+            kind, *payload = messages.get(timeout=READY_TIMEOUT_S)
+        except queue.Empty:
+            kind, payload = "died", [f"the engine process was not ready after {READY_TIMEOUT_S:g} s"]
         if kind != "ready":
-            self._process.join(timeout=10)
+            process.join(timeout=10)
             raise SpecServeError(payload[0])
         return payload[0]
 
@@ -80,8 +100,7 @@ class AsyncLLMEngine:
             loop = EngineLoop(self.engine, self._commands, self._receive)
             self._thread = threading.Thread(target=loop.run, name="specserve-engine", daemon=True)
         else:
-            self._thread = threading.Thread(target=self._receive_from_process, name="specserve-engine-io",
-                                            daemon=True)
+            self._thread = threading.Thread(target=self._supervise, name="specserve-engine-io", daemon=True)
         self._thread.start()
 
     def shutdown(self) -> None:
@@ -193,20 +212,66 @@ class AsyncLLMEngine:
     def abort(self, request_id: str) -> None:
         self._commands.put(("abort", request_id))
 
-    # ---- messages from the loop ------------------------------------------------------------------
-    def _receive_from_process(self) -> None:
+    # ---- messages from the loop, and supervision of its process ------------------------------------------
+    def _supervise(self) -> None:
+        while self._relay() and self._restart():
+            pass
+
+    def _relay(self) -> bool:
+        """Hands the engine process's messages on until it dies (killing it if a step hangs). Returns whether
+        the death was unasked for."""
         while True:
             try:
                 message = self._messages.get(timeout=1.0)
             except queue.Empty:
-                if self._process.is_alive():
+                if not self._process.is_alive():
+                    message = ("died", f"the engine process exited ({self._process.exitcode})")
+                elif not self._stopping and time.monotonic() - self._heartbeat > self.stall_timeout:
+                    self._process.kill()  # a hung step never ends: only a new process serves again
+                    self._process.join(timeout=10)
+                    message = ("died", f"the engine process hung (no step ended for {self.stall_timeout:g} s) "
+                                       "and was killed")
+                else:
                     continue
-                message = ("died", f"the engine process exited ({self._process.exitcode})")
             except (EOFError, OSError):
                 message = ("died", "the engine process is gone")
+            if message[0] == "heartbeat" and not self._process.is_alive():
+                message = ("died", f"the engine process exited ({self._process.exitcode})")
             self._receive(message)
-            if message[0] == "died" or (message[0] == "heartbeat" and not self._process.is_alive()):
-                return
+            if message[0] == "died":
+                return not self._stopping
+
+    def _restart(self) -> bool:
+        """Starts a new engine process after a death, unless that makes a crash loop (then `fatal`)."""
+        while True:
+            now = time.monotonic()
+            self._deaths = [t for t in self._deaths if now - t < RESTART_WINDOW_S] + [now]
+            if len(self._deaths) > self.max_restarts:
+                self.fatal = self._died if not self.max_restarts else (
+                    f"{self._died}; {len(self._deaths)} engine deaths within {RESTART_WINDOW_S:g} s, "
+                    f"more than --engine-restarts {self.max_restarts}")
+                log.critical("%s: giving up, the server exits", self.fatal)
+                return False
+            self.restarting = self._died
+            self._died = f"the engine is restarting after: {self.restarting}"
+            log.error("starting a new engine process (restart %d)", self.restarts + 1)
+            time.sleep(min(30.0, 2.0 ** (len(self._deaths) - 1) - 1))  # 0, 1, 3, 7 ... s: a crash loop slows
+            process, commands, messages = start_engine_process(self.config)
+            try:
+                self._wait_ready(process, messages)
+            except SpecServeError as e:
+                self._died = f"a new engine process failed to start: {e}"
+                log.error(self._died)
+                continue
+            self._commands.cancel_join_thread()  # the dead process's queue: nothing may wait on it at exit
+            self._process, self._commands, self._messages = process, commands, messages
+            self.restarts += 1
+            self._heartbeat = time.monotonic()
+            self._died = self.restarting = None
+            log.info("engine process %d serving again (restart %d)", process.pid, self.restarts)
+            for listener in self.restart_listeners:
+                listener(self.restarts)
+            return True
 
     def _receive(self, message) -> None:
         self._heartbeat = time.monotonic()
@@ -225,6 +290,8 @@ class AsyncLLMEngine:
             self._died = message[1]
             if self._stopping:
                 log.info("engine stopped: %s", self._died)
+            elif self._process is not None:
+                log.error("%s; failing the %d request(s) in flight", self._died, len(self._streams))
             else:
                 log.critical("%s; /health now fails", self._died)
             for rid in list(self._streams):

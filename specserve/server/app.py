@@ -139,10 +139,13 @@ def build_app(engine: AsyncLLMEngine, served_model_names: str | list[str], api_k
 
     @app.get("/health")
     async def health():
-        """200 while the server takes requests; 503 while draining, or when the engine loop has died or
-        hung (its heartbeat is older than --engine-stall-timeout)."""
+        """200 while the server takes requests; 503 while draining, while a new engine process starts after
+        the engine died or hung (`restarting`), or when it is dead or hung (its heartbeat is older than
+        --engine-stall-timeout)."""
         if state.draining:
             return error_response(503, "draining")
+        if engine.restarting is not None:
+            return error_response(503, f"restarting: the engine died ({engine.restarting})", code="engine_restarting")
         problem = engine.health_problem()
         if problem is not None:
             return error_response(503, problem, code="engine_unhealthy")

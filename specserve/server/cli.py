@@ -52,7 +52,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="seconds an idle keep-alive connection stays open (default: %(default)s)")
     g.add_argument("--engine-stall-timeout", type=float, default=60.0,
                    help="/health answers 503 when the engine loop has died or one of its steps has run this "
-                        "many seconds (default: %(default)s)")
+                        "many seconds; an engine process hung that long is killed and restarted "
+                        "(default: %(default)s)")
+    g.add_argument("--engine-restarts", type=int, default=3,
+                   help="engine deaths (a crash, the OOM killer, a step hung past --engine-stall-timeout) "
+                        "survived within 10 minutes by starting a new engine process; one more and the server "
+                        "exits non-zero. 0: exit at the first death, as vLLM does (default: %(default)s)")
     g.add_argument("--engine-thread", action="store_true",
                    help="run the engine on a thread of the server process instead of a process of its own "
                         "(the HTTP side then competes with the step loop for the GIL and the cores)")
@@ -71,6 +76,8 @@ def _serve(args) -> int:
         raise SpecServeError(f"--max-queue must be >= 0, got {args.max_queue}")
     if args.drain_timeout < 0:
         raise SpecServeError(f"--drain-timeout must be >= 0, got {args.drain_timeout}")
+    if args.engine_restarts < 0:
+        raise SpecServeError(f"--engine-restarts must be >= 0, got {args.engine_restarts}")
     for flag in ("max_request_bytes", "timeout_read", "timeout_keep_alive", "engine_stall_timeout"):
         if not getattr(args, flag) > 0:
             raise SpecServeError(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
@@ -103,7 +110,7 @@ def _serve(args) -> int:
         sampling_defaults, why = resolve(args.generation_config, args.model)  # a bad folder fails before loading
         log.info(why)
         engine = AsyncLLMEngine(engine_config_from_args(args), stall_timeout=args.engine_stall_timeout,
-                                process=not args.engine_thread)
+                                process=not args.engine_thread, max_restarts=args.engine_restarts)
         app = build_app(engine, args.served_model_name or [args.model], args.api_key or os.environ.get(API_KEY_ENV),
                         args.max_queue, max_request_bytes=args.max_request_bytes, timeout_read=args.timeout_read,
                         sampling_defaults=sampling_defaults)

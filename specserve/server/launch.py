@@ -121,6 +121,8 @@ class DrainingServer(uvicorn.Server):
             self.should_exit = self.force_exit = True
 
     async def on_tick(self, counter: int) -> bool:
+        if self.engine.fatal is not None and not self.should_exit:
+            self.should_exit = True  # the engine died for good (a crash loop): exit non-zero (see run)
         if self._deadline is not None and not self.should_exit:
             if not self._announced:
                 self._announced = True
@@ -148,3 +150,5 @@ def run(app, engine: AsyncLLMEngine, sock: socket.socket, drain_timeout: float, 
                             log_level="info", http=timed_protocol(timeout_read),
                             timeout_keep_alive=timeout_keep_alive)
     DrainingServer(config, app.state.serving, engine, drain_timeout).run(sockets=[sock])
+    if engine.fatal is not None:
+        raise SpecServeError(f"the engine died and was not restarted: {engine.fatal}")

@@ -38,6 +38,8 @@ class ServerMetrics:
         self.generation_tokens = Counter(P + "generation_tokens", "Generated tokens", m, registry=r)
         self.preemptions = Counter(P + "num_preemptions", "Requests preempted (KV dropped, recomputed later)",
                                    m, registry=r)
+        self.restarts = Counter(P + "engine_restarts", "Engine processes started after the engine died or hung",
+                                m, registry=r)
         for name, doc, read in (
                 ("num_requests_running", "Requests in the running batch", lambda: engine.num_running),
                 ("num_requests_waiting", "Requests waiting for admission", lambda: engine.num_waiting),
@@ -94,7 +96,7 @@ class ServerMetrics:
             ("num_draft_tokens", "spec_decode_num_draft_tokens by draft"),
             ("num_accepted_tokens", "spec_decode_num_accepted_tokens by draft")))
         # Create every series now, so a scraper sees 0 rather than no series before the first event.
-        for metric in (self.prompt_tokens, self.generation_tokens, self.preemptions, self.ttft, self.tpot, self.itl,
+        for metric in (self.prompt_tokens, self.generation_tokens, self.preemptions, self.restarts, self.ttft, self.tpot, self.itl,
                        self.e2e, self.queue, self.spec_drafts, self.spec_draft_tokens, self.spec_accepted,
                        self.draft_length, self.step_draft_length):
             metric.labels(model_name)
@@ -106,6 +108,7 @@ class ServerMetrics:
         self._last_output: dict[str, float] = {}  # request id -> time of its previous output (step thread only)
         engine.step_listeners.append(self._guarded(self.on_step))
         engine.output_listeners.append(self._guarded(self.on_output))
+        engine.restart_listeners.append(self._guarded(lambda _: self.restarts.labels(model_name).inc()))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

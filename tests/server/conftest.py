@@ -9,6 +9,7 @@ n * PACE_S / (k + 1) seconds on any machine), or freezes the engine process (`En
 waits for something polls for it with a timeout that only guards against a hang.
 """
 import asyncio
+import json
 import os
 import re
 import signal
@@ -69,8 +70,9 @@ class ServerProcess:
 
     @property
     def engine_pid(self) -> int:
-        """The engine's own process (the server logs its pid once it is ready, before the server is)."""
-        return int(ENGINE_READY_RE.search(self.log).group(1))
+        """The engine's own process, the latest (the server logs its pid once it is ready, before the server
+        is, and again for each new one after a restart)."""
+        return int(ENGINE_READY_RE.findall(self.log)[-1])
 
     def metrics(self) -> dict[str, float]:
         """`name{labels}` -> value, labels as written (sorted by prometheus_client)."""
@@ -146,6 +148,34 @@ def accepted_again(server: ServerProcess, headers: dict, timeout: float = 30) ->
                           json={"model": "tiny", "prompt": "hi", "max_tokens": 2})
     assert wait_until(lambda: send().status_code != 429, timeout=timeout)
     return send()
+
+
+async def read_stream(url: str, body: dict) -> dict:
+    """Read one SSE stream to its end: the text, the usage and whether [DONE] came."""
+    out = {"text": "", "usage": None, "done": False}
+    async with httpx.AsyncClient(timeout=60) as http:
+        try:
+            async with http.stream("POST", url, json=body) as resp:
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data: "):
+                        continue
+                    if line == "data: [DONE]":
+                        out["done"] = True
+                        continue
+                    chunk = json.loads(line[6:])
+                    if "error" in chunk:
+                        out["error"] = chunk["error"]["message"]
+                    elif chunk["choices"]:
+                        out["text"] += chunk["choices"][0]["text"]
+                    out["usage"] = chunk.get("usage") or out["usage"]
+        except httpx.HTTPError as e:  # cut off
+            out["error"] = type(e).__name__
+    return out
+
+
+def long_body(n: int) -> dict:
+    return {"prompt": "a long one", "max_tokens": n, "temperature": 0, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}
 
 
 def tiny_args(target, *extra) -> list[str]:

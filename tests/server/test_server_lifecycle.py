@@ -9,35 +9,8 @@ import pytest
 
 from specserve.server.serving import SHUTDOWN_MESSAGE
 from specserve.spec_decode.config import speculative_choice
-from tests.server.conftest import PACED, EngineFreeze, ServerProcess, all_in_server, tiny_args
-
-
-async def _stream(url: str, body: dict) -> dict:
-    """Read one SSE stream to its end: the text, the usage and whether [DONE] came."""
-    out = {"text": "", "usage": None, "done": False}
-    async with httpx.AsyncClient(timeout=60) as http:
-        try:
-            async with http.stream("POST", url, json=body) as resp:
-                async for line in resp.aiter_lines():
-                    if not line.startswith("data: "):
-                        continue
-                    if line == "data: [DONE]":
-                        out["done"] = True
-                        continue
-                    chunk = json.loads(line[6:])
-                    if "error" in chunk:
-                        out["error"] = chunk["error"]["message"]
-                    elif chunk["choices"]:
-                        out["text"] += chunk["choices"][0]["text"]
-                    out["usage"] = chunk.get("usage") or out["usage"]
-        except httpx.HTTPError as e:  # cut off
-            out["error"] = type(e).__name__
-    return out
-
-
-def _long_body(n: int) -> dict:
-    return {"prompt": "drain me", "max_tokens": n, "temperature": 0, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}
+from tests.server.conftest import (PACED, EngineFreeze, ServerProcess, all_in_server, long_body, read_stream,
+                                   tiny_args)
 
 
 def test_sigterm_drains_in_flight_requests_refuses_new_ones_and_exits_0(tiny_target, tmp_path):
@@ -49,7 +22,7 @@ def test_sigterm_drains_in_flight_requests_refuses_new_ones_and_exits_0(tiny_tar
 
     async def main():
         with EngineFreeze(server):
-            streams = [asyncio.create_task(_stream(url, _long_body(100))) for _ in range(2)]
+            streams = [asyncio.create_task(read_stream(url, long_body(100))) for _ in range(2)]
             await all_in_server(server, 2, running=0)
             server.proc.send_signal(signal.SIGTERM)
             async with httpx.AsyncClient(timeout=10) as http:
@@ -82,7 +55,7 @@ def test_drain_timeout_aborts_what_is_left_and_still_exits_0(tiny_target, tmp_pa
     url = server.base_url + "/completions"
 
     async def main():
-        streams = [asyncio.create_task(_stream(url, _long_body(1000))) for _ in range(3)]
+        streams = [asyncio.create_task(read_stream(url, long_body(1000))) for _ in range(3)]
         await all_in_server(server, 3, running=1)
         server.proc.send_signal(signal.SIGTERM)
         return await asyncio.gather(*streams)
