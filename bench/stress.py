@@ -71,10 +71,10 @@ def start_server(args, log_path: Path) -> tuple[subprocess.Popen, str]:
     raise SystemExit("server not ready after 300 s")
 
 
-def rss_bytes(pid: int) -> int:
-    """RSS of the server and its descendants (the engine runs in a child process)."""
+def rss_bytes(pid: int, children: bool = True) -> int:
+    """RSS of the server and (by default) its descendants (the engine runs in a child process)."""
     total = 0
-    for p in [pid, *descendants(pid)]:
+    for p in [pid, *(descendants(pid) if children else [])]:
         try:
             for line in Path(f"/proc/{p}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
@@ -148,6 +148,24 @@ def body(args, i: int) -> dict:
             "temperature": 0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
 
 
+async def saturation(http, url: str, make_body, capacity: int, seconds: float) -> float:
+    """Completions per second of a closed loop holding `capacity` requests for `seconds` and at least until
+    twice that many have completed (a slow machine needs longer)."""
+    done, t_end = [], time.time() + seconds
+    t0 = time.time()
+
+    async def worker(k):
+        i = k
+        while time.time() < t_end or len(done) < 2 * capacity:
+            done.append(await one(http, url, make_body(i)))
+            i += capacity
+    await asyncio.gather(*(worker(k) for k in range(capacity)))
+    ok = [r for r in done if r["status"] == 200 and r["done"]]
+    if len(ok) < len(done):
+        print(f"({len(done) - len(ok)} of the saturation run's requests did not complete)", flush=True)
+    return len(ok) / (time.time() - t0)
+
+
 async def lone_latency(http, url, args, n=5) -> float:
     return statistics.median([(await one(http, url, body(args, i)))["latency"] for i in range(n)])
 
@@ -165,20 +183,10 @@ async def run(args, root: str, pid: int) -> dict:
         capacity = args.max_num_seqs + args.max_queue
         print(f"saturation: closed loop of {capacity} requests for {args.saturation_s:.0f} s and at least "
               f"{2 * capacity} completions ...", flush=True)
-        done, t_end = [], time.time() + args.saturation_s
-        t0 = time.time()
-
-        async def worker(k):
-            i = k
-            while time.time() < t_end or len(done) < 2 * capacity:
-                done.append(await one(http, url, body(args, i)))
-                i += capacity
-        await asyncio.gather(*(worker(k) for k in range(capacity)))
-        ok = [r for r in done if r["status"] == 200 and r["done"]]
-        saturation = len(ok) / (time.time() - t0)
-        offered = args.factor * saturation
-        print(f"saturation rate {saturation:.2f} req/s ({len(done) - len(ok)} not completed); offering "
-              f"{offered:.2f} req/s for {args.duration_s:.0f} s ...", flush=True)
+        rate = await saturation(http, url, lambda i: body(args, i), capacity, args.saturation_s)
+        offered = args.factor * rate
+        print(f"saturation rate {rate:.2f} req/s; offering {offered:.2f} req/s for {args.duration_s:.0f} s ...",
+              flush=True)
 
         stop, queue = multiprocessing.Event(), multiprocessing.Queue()
         prober = multiprocessing.Process(target=health_probe, args=(root, 0.1, stop, queue), daemon=True)
@@ -222,7 +230,7 @@ async def run(args, root: str, pid: int) -> dict:
         return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else None
     summary = {
         "lone_latency_before_s": lone_before, "lone_latency_after_s": lone_after,
-        "saturation_rps": saturation, "offered_rps": offered, "duration_s": args.duration_s,
+        "saturation_rps": rate, "offered_rps": offered, "duration_s": args.duration_s,
         "arrivals": len(results), "arrival_window_s": arrivals_end - t_start, "drain_s": drained - arrivals_end,
         "accepted": len(accepted), "completed_all_tokens": len(complete), "refused": len(refused),
         "refused_429_with_retry_after": len(proper_429),
