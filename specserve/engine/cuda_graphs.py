@@ -1,4 +1,4 @@
-"""CUDA graphs for the steps of short queries: decodes, verifies, draft-model steps (vLLM's "piecewise off" mode).
+"""CUDA graphs of whole forwards for the steps of short queries: decodes, verifies, draft-model steps.
 
 A 135M model's eager step launches ~860 kernels, and on a GPU the launches, not the math, set the step's time
 (issue 64's profile: 1.9 ms of GPU work in a 19 ms step). A graph replays the whole forward as one launch. It is

@@ -55,7 +55,8 @@ class ModelRunner:
             self.graphs = CudaGraphRunner(model, self.kv_cache, block_size, num_blocks,
                                           -(-max_model_len // block_size) + 1, max_graph_tokens)
             t0 = time.perf_counter()
-            self.graphs.capture_all(max_num_seqs)
+            with torch.inference_mode():  # as forward() runs them
+                self.graphs.capture_all(max_num_seqs)
             log.info("CUDA graphs: %d captured in %.1f s (--enforce-eager: none)", len(self.graphs.graphs),
                      time.perf_counter() - t0)
 
