@@ -1,7 +1,13 @@
 """Load-adaptive speculation against fixed choices: every speculation policy on one engine, under the shipped
 Azure conversation trace's arrivals (each run's window of it stretched to the level's mean rate) at load
 levels from 20 % to 90 % of plain decoding's saturation rate, on code (python-stdlib prefixes, the code
-draft) and chat (Spec-Bench, the chat draft).
+draft), chat (Spec-Bench, the chat draft), or `mix`: both streams at once in one engine, each with its own
+window of the trace at half the level's rate, the server's default speculation (lookup first, the draft
+that fits each prompt), mean E2E per stream and overall. `none` is plain decoding on an engine without
+speculation (no draft loaded): the floor the default must not go below (`off` keeps the drafts loaded).
+
+    python bench/adaptive.py --workloads mix --policies none,off,static2,static4,adaptive \
+        --levels 0.2,0.5,0.8,1.1 --requests 12 --repeats 2   # the mixed bursty evaluation, ~45 min here
 
     python bench/adaptive.py                       # ~60 min on 2 CPU cores: off, static 2 and 4, adaptive
     python bench/adaptive.py --policies all --temperatures 0,0.7 --levels 0.1,0.25,0.4,0.55,0.7,0.9 \
@@ -36,6 +42,7 @@ LATENCY_MODEL = Path(__file__).parent / "results" / "latency20" / "model.json"
 CEILING = 6
 # label -> (policy, draft-length ceiling, policy options)
 POLICIES = {
+    "none": (None, 0, None),  # an engine without speculation
     "off": ("off", CEILING, None),
     **{f"static{k}": ("static", k, None) for k in (1, 2, 3, 4, 6)},
     "batch_table": ("batch_table", CEILING, None),
@@ -44,42 +51,63 @@ POLICIES = {
     "adaptive": ("adaptive", CEILING, None),
     "planned": ("planned", CEILING, {"model": str(LATENCY_MODEL)}),
 }
-STATIC = ["off", "static1", "static2", "static3", "static4", "static6"]
+STATIC = ["none", "off", "static1", "static2", "static3", "static4", "static6"]
 WORKLOADS = {  # dataset, draft, prompt tokens, output tokens (at most: EOS ends a request earlier)
     "code": ("python-stdlib", "code", 256, 64),
     "chat": ("spec-bench", "chat", None, 96),
+    "mix": (None, "default", None, None),  # code and chat streams at once
 }
+STREAMS = ("code", "chat")
 LEVELS = [0.2, 0.35, 0.5, 0.65, 0.8, 0.9]
 # What fits the issue's hour on a 2-core CPU (~60 min): the full grid (every policy, T = 0.7 too) is a flag away
 # and takes several hours there.
 DEFAULT_POLICIES = ["off", "static2", "static4", "adaptive"]
 
 
-def build_engine(workload: str, threads: int):
+def build_engine(workload: str, threads: int, plain: bool = False):
+    """The workload's speculating engine, or with `plain` one that has no speculation at all."""
     from specserve import LLM
     dataset, draft, _, _ = WORKLOADS[workload]
+    spec = None if plain else {"model": draft, "num_speculative_tokens": CEILING, "ngram_first": True}
     llm = LLM(model="smollm2-135m", num_threads=threads, max_num_seqs=64, max_num_batched_tokens=512,
-              speculative_config={"model": draft, "num_speculative_tokens": CEILING, "ngram_first": True})
+              speculative_config=spec)
     llm.engine.models.profile()  # before any request: the adaptive and goodput policies read it
     return llm
 
 
-def use_policy(engine, label: str) -> None:
+def use_policy(engines: dict, label: str):
+    """The engine that runs `label` (`none`: the plain one), its policy switched to it."""
     from specserve.spec_decode.policies import make_policy
+    if label == "none":
+        return engines["none"]
+    engine = engines["spec"].engine
     name, k, options = POLICIES[label]
     engine.policy = engine.executor.policy = make_policy(name, k, options, engine.models)
     engine.scheduler.max_drafts = k
+    return engines["spec"]
 
 
 def prompts_and_arrivals(llm, workload: str, rate: float | None, n: int, seed: int):
-    """n prompts and their arrival times: the Azure trace's, time-scaled to `rate` (None: all at once).
-    Code: stdlib prefixes of exactly the prompt length; chat: Spec-Bench questions in the chat template."""
+    """n prompts, their arrival times and streams: the Azure trace's times, scaled to `rate` (None: all at
+    once). Code: stdlib prefixes of exactly the prompt length; chat: Spec-Bench questions in the chat
+    template; mix: n // 2 of each, each stream from its own window of the trace at rate / 2, merged."""
+    if workload == "mix":
+        half = [_stream(llm, w, rate and rate / 2, n // 2, seed, offset) for offset, w in enumerate(STREAMS)]
+        merged = sorted(((t, text, w) for (texts, times, streams) in half for text, t, w in zip(texts, times, streams)),
+                        key=lambda m: m[0])
+        return [m[1] for m in merged], np.array([m[0] for m in merged]), [m[2] for m in merged]
+    return _stream(llm, workload, rate, n, seed)
+
+
+def _stream(llm, workload: str, rate: float | None, n: int, seed: int, offset: int = 0):
     from specserve.benchmark import arrivals as arr
     from specserve.benchmark.prompts import HFTokenizer, load_dataset
     from specserve.benchmark.workload import WorkloadSpec, make_workload
     dataset, _, input_len, output_len = WORKLOADS[workload]
     trace = arr.load_trace("azure-conv")
-    start = float(trace.times_s[0]) + 60.0 * (seed % 50)  # another stretch of the trace in each repeat
+    # another stretch of the trace in each repeat, and another (half the trace on) for a second stream
+    span = float(trace.times_s[-1] - trace.times_s[0])
+    start = float(trace.times_s[0]) + (60.0 * (seed % 50) + span / 2 * offset) % (span - 300.0)
     times = arr.window(trace, start, max_requests=n).times_s
     if rate is None:
         times = np.zeros(n)
@@ -90,15 +118,17 @@ def prompts_and_arrivals(llm, workload: str, rate: float | None, n: int, seed: i
     if input_len is None:
         questions = load_dataset(dataset)
         picks = np.random.default_rng(seed).integers(0, len(questions), n)
-        return [llm.tokenizer.encode_chat([{"role": "user", "content": questions[i]}]) for i in picks], times
+        return [llm.tokenizer.encode_chat([{"role": "user", "content": questions[i]}]) for i in picks], times, \
+            [workload] * n
     spec = WorkloadSpec(dataset=dataset, max_requests=n, request_rate=float("inf"), input_len=input_len,
                         output_len=output_len, seed=seed)
     w = make_workload(spec, tokenizer=HFTokenizer(llm.tokenizer.hf), max_model_len=llm.engine.max_model_len)
-    return [p.text for p in w.prompts], times
+    return [p.text for p in w.prompts], times, [workload] * n
 
 
-def replay(llm, texts, times, params) -> dict:
-    """Submit each prompt at its arrival time (real time) and step the engine; per-request latencies."""
+def replay(llm, texts, times, params, streams) -> dict:
+    """Submit each prompt at its arrival time (real time) and step the engine; latencies, overall and per
+    stream (`mean_e2e_code`, ... when the run mixes streams)."""
     engine = llm.engine
     start, i, n, done = time.monotonic(), 0, len(texts), {}
     lengths, steps, predicted, measured = [], 0, [], []
@@ -120,16 +150,18 @@ def replay(llm, texts, times, params) -> dict:
             if s.t_predicted is not None:
                 predicted.append(s.t_predicted)
                 measured.append(s.t_draft + s.t_forward)
-    e2e, ttft, tpot, tokens = [], [], [], 0
-    for out in done.values():
+    e2e, ttft, tpot, tokens, by_stream = [], [], [], 0, {}
+    for rid, out in done.items():
         m = out.metrics
         e2e.append(m["finished_time"] - m["arrival_time"])
+        by_stream.setdefault(streams[int(rid)], []).append(e2e[-1])
         ttft.append(m["first_token_time"] - m["arrival_time"])
         if out.num_output_tokens > 1:
             tpot.append((m["finished_time"] - m["first_token_time"]) / (out.num_output_tokens - 1))
         tokens += out.num_output_tokens
     slo = [p.slo_tpot for p in params if p.slo_tpot]
-    return {"n": n, "mean_e2e": float(np.mean(e2e)), "p99_e2e": float(np.percentile(e2e, 99)),
+    per_stream = {f"mean_e2e_{w}": float(np.mean(v)) for w, v in by_stream.items()} if len(by_stream) > 1 else {}
+    return {"n": n, "mean_e2e": float(np.mean(e2e)), **per_stream, "p99_e2e": float(np.percentile(e2e, 99)),
             "mean_ttft": float(np.mean(ttft)), "mean_tpot": float(np.mean(tpot)) if tpot else None,
             "tpot_attainment": float(np.mean([t <= slo[0] for t in tpot])) if slo and tpot else None,
             "output_tokens": tokens, "wall_s": time.monotonic() - start, "steps": steps,
@@ -138,17 +170,17 @@ def replay(llm, texts, times, params) -> dict:
             if predicted else None}
 
 
-def sampling(workload: str, n: int, temperature: float, seed: int, slo_tpot_ms: float | None) -> list:
+def sampling(streams: list[str], temperature: float, seed: int, slo_tpot_ms: float | None) -> list:
     from specserve import SamplingParams
-    return [SamplingParams(max_tokens=WORKLOADS[workload][3], temperature=temperature, seed=seed * 1000 + i,
-                           slo_tpot=slo_tpot_ms / 1000 if slo_tpot_ms else None) for i in range(n)]
+    return [SamplingParams(max_tokens=WORKLOADS[w][3], temperature=temperature, seed=seed * 1000 + i,
+                           slo_tpot=slo_tpot_ms / 1000 if slo_tpot_ms else None) for i, w in enumerate(streams)]
 
 
-def saturation(llm, workload: str, n: int) -> float:
+def saturation(engines: dict, workload: str, n: int) -> float:
     """Plain decoding's throughput in requests/s with n requests sent at once."""
-    use_policy(llm.engine, "off")
-    texts, times = prompts_and_arrivals(llm, workload, None, n, seed=999)
-    r = replay(llm, texts, times, sampling(workload, n, 0.0, 999, None))
+    llm = use_policy(engines, "none")
+    texts, times, streams = prompts_and_arrivals(llm, workload, None, n, seed=999)
+    r = replay(llm, texts, times, sampling(streams, 0.0, 999, None), streams)
     return n / r["wall_s"]
 
 
@@ -160,8 +192,8 @@ def run(args) -> Path:
         "command": "python bench/adaptive.py " + " ".join(sys.argv[1:]), "started": datetime.datetime.now().isoformat(
             timespec="seconds"), "commit": _commit()}, indent=1))
     for workload in args.workloads.split(","):
-        llm = build_engine(workload, args.threads)
-        sat = saturation(llm, workload, args.saturation_requests)
+        engines = {"spec": build_engine(workload, args.threads), "none": build_engine(workload, args.threads, plain=True)}
+        sat = saturation(engines, workload, args.saturation_requests)
         print(f"{workload}: plain decoding saturates at {sat:.3f} req/s", flush=True)
         for temperature in map(float, args.temperatures.split(",")):
             policies = list(POLICIES) if args.policies == "all" else args.policies.split(",")
@@ -169,17 +201,16 @@ def run(args) -> Path:
             for repeat in range(args.repeats):
                 random.Random(f"{workload}{temperature}{repeat}").shuffle(cells)
                 for policy, level in cells:
-                    use_policy(llm.engine, policy)
-                    texts, times = prompts_and_arrivals(llm, workload, level * sat, args.requests, seed=repeat)
-                    r = replay(llm, texts, times, sampling(workload, args.requests, temperature, repeat,
-                                                           args.slo_tpot_ms))
+                    llm = use_policy(engines, policy)
+                    texts, times, streams = prompts_and_arrivals(llm, workload, level * sat, args.requests, seed=repeat)
+                    r = replay(llm, texts, times, sampling(streams, temperature, repeat, args.slo_tpot_ms), streams)
                     row = dict(workload=workload, temperature=temperature, policy=policy, level=level,
                                rate=level * sat, saturation=sat, repeat=repeat, slo_tpot_ms=args.slo_tpot_ms, **r)
                     log.write(json.dumps(row) + "\n")
                     log.flush()
                     print(f"{workload} T={temperature} r{repeat} {policy:11} {level:.2f}: E2E {r['mean_e2e']:.2f} s, "
                           f"draft {r['mean_draft_length']:.2f}", flush=True)
-        del llm
+        del engines, llm
     analyze(out)
     return out
 
@@ -204,7 +235,9 @@ def analyze(out: Path) -> None:
     for workload in sorted({r["workload"] for r in rows}):
         for temperature in sorted({r["temperature"] for r in rows if r["workload"] == workload}):
             mine = [r for r in rows if r["workload"] == workload and r["temperature"] == temperature]
-            lines += table(mine, f"{workload}, temperature {temperature}")
+            for key in ["mean_e2e"] + [f"mean_e2e_{w}" for w in STREAMS if f"mean_e2e_{w}" in mine[0]]:
+                part = "" if key == "mean_e2e" else f", {key[9:]} stream"
+                lines += table(mine, f"{workload}{part}, temperature {temperature}", key)
             plot(mine, out / f"{workload}_t{temperature}.png", f"{workload}, T = {temperature}")
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
@@ -215,19 +248,19 @@ def cell(rows, policy, level, key="mean_e2e"):
     return (statistics.median(values), min(values), max(values)) if values else None
 
 
-def table(rows, title) -> list[str]:
+def table(rows, title, key="mean_e2e") -> list[str]:
     policies = [p for p in POLICIES if any(r["policy"] == p for r in rows)]
     levels = sorted({r["level"] for r in rows})
     rates = {lv: statistics.median(r["rate"] for r in rows if r["level"] == lv) for lv in levels}
     out = [f"## {title}\n", "| policy | " + " | ".join(f"{lv:.0%} ({rates[lv]:.2f}/s)" for lv in levels) + " |",
            "|---|" + "---|" * len(levels)]
     for p in policies:
-        cells = [cell(rows, p, lv) for lv in levels]
+        cells = [cell(rows, p, lv, key) for lv in levels]
         out.append(f"| {p} | " + " | ".join("–" if c is None else f"{c[0]:.2f} [{c[1]:.2f}–{c[2]:.2f}]"
                                             for c in cells) + " |")
     out.append("| adaptive: mean draft length | " + " | ".join(
         f"{(cell(rows, 'adaptive', lv, 'mean_draft_length') or (float('nan'),))[0]:.2f}" for lv in levels) + " |")
-    out += ["", *goals(rows, levels), "", *attainment(rows, policies, levels)]
+    out += ["", *goals(rows, levels, key), "", *attainment(rows, policies, levels)]
     return out
 
 
@@ -258,37 +291,46 @@ def attainment(rows, policies, levels) -> list[str]:
     return out
 
 
-def paired(rows, policy, other, level) -> list[float]:
+def paired(rows, policy, other, level, key="mean_e2e") -> list[float]:
     """policy's mean E2E over other's, per repeat: the two ran the same arrivals and prompts in the same round,
     so the ratio cancels what differs between rounds (prompts, the machine's drift)."""
-    mine = {r["repeat"]: r["mean_e2e"] for r in rows if r["policy"] == policy and r["level"] == level}
-    theirs = {r["repeat"]: r["mean_e2e"] for r in rows if r["policy"] == other and r["level"] == level}
+    mine = {r["repeat"]: r[key] for r in rows if r["policy"] == policy and r["level"] == level}
+    theirs = {r["repeat"]: r[key] for r in rows if r["policy"] == other and r["level"] == level}
     return [mine[k] / theirs[k] for k in sorted(mine.keys() & theirs.keys())]
 
 
-def goals(rows, levels) -> list[str]:
-    """The issue's goals 1-3 for this workload. The best static choice is picked by median E2E; adaptive is
-    compared with it by the median of the paired (same-round) ratios, min-max in brackets."""
-    have = [p for p in STATIC if all(cell(rows, p, lv) for lv in levels)]
+def goals(rows, levels, key="mean_e2e") -> list[str]:
+    """The goals of the adaptive issues for this workload. The best static choice is picked by median E2E;
+    adaptive is compared with it by the median of the paired (same-round) ratios, min-max in brackets."""
+    have = [p for p in STATIC if all(cell(rows, p, lv, key) for lv in levels)]
     if "adaptive" not in {r["policy"] for r in rows} or not have:
         return []
 
     def ratio(policy, other, level):  # median paired ratio and its spread
-        values = paired(rows, policy, other, level)
+        values = paired(rows, policy, other, level, key)
         return statistics.median(values), min(values), max(values)
 
     def fmt(r):
         return f"{r[0]:.3f} [{r[1]:.2f}–{r[2]:.2f}]"
 
-    best_each = [min(have, key=lambda p: cell(rows, p, lv)[0]) for lv in levels]
+    best_each = [min(have, key=lambda p: cell(rows, p, lv, key)[0]) for lv in levels]
     each = [ratio("adaptive", p, lv) for p, lv in zip(best_each, levels)]
-    single = min(have, key=lambda p: np.mean(np.log([cell(rows, p, lv)[0] for lv in levels])))
+    single = min(have, key=lambda p: np.mean(np.log([cell(rows, p, lv, key)[0] for lv in levels])))
     geo = float(np.exp(-np.mean(np.log([ratio("adaptive", single, lv)[0] for lv in levels]))))
     out = ["Paired ratios (adaptive's mean E2E over the other policy's in the same round), median [min–max] over rounds:",
            "", "1. adaptive / best static at each level (" + ", ".join(best_each) + "): "
            + ", ".join(fmt(r) for r in each) + f" (goal ≤ 1.03: {'met' if all(r[0] <= 1.03 for r in each) else 'missed'})",
            f"2. best single static choice over the sweep: {single}; it / adaptive, geometric mean over levels: "
            f"{geo:.3f} (goal ≥ 1.15: {'met' if geo >= 1.15 else 'missed'})"]
+    if "none" in have:  # issue 59: plain decoding is a floor; a single fixed choice cannot win everywhere
+        floor = [ratio("adaptive", "none", lv) for lv in levels]
+        over_single = [ratio("adaptive", single, lv) for lv in levels]
+        out.append("do no harm: adaptive / none (no speculation) per level: " + ", ".join(fmt(r) for r in floor)
+                   + f" (goal ≤ 1.03 everywhere: {'met' if all(r[0] <= 1.03 for r in floor) else 'missed'})")
+        wins = sum(r[0] <= 0.90 for r in over_single)
+        out.append(f"win on the mix: adaptive / {single} (best single fixed choice) per level: "
+                   + ", ".join(fmt(r) for r in over_single) + f" (goal ≤ 0.90 at ≥ 2 levels and ≤ 1.00 at all: "
+                   f"{'met' if wins >= 2 and all(r[0] <= 1.0 for r in over_single) else 'missed'})")
     if "off" in have:
         high = ratio("adaptive", "off", levels[-1])
         low_best = best_each[0]
