@@ -243,7 +243,7 @@ class AsyncLLMEngine:
 
     def _restart(self) -> bool:
         """Starts a new engine process after a death, unless that makes a crash loop (then `fatal`)."""
-        while True:
+        while not self._stopping:  # (a shutdown during a restart: no new process)
             now = time.monotonic()
             self._deaths = [t for t in self._deaths if now - t < RESTART_WINDOW_S] + [now]
             if len(self._deaths) > self.max_restarts:
@@ -272,6 +272,7 @@ class AsyncLLMEngine:
             for listener in self.restart_listeners:
                 listener(self.restarts)
             return True
+        return False
 
     def _receive(self, message) -> None:
         self._heartbeat = time.monotonic()
