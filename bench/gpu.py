@@ -7,9 +7,10 @@ Each (variant, shape) runs in its own process: `after` is this checkout (CUDA gr
 --enforce-eager, `before` the package found under --before (e.g. `git archive <commit> specserve | tar -x -C
 .before`). Per speculative config one engine serves a batch of 1, then a batch of 32 (so the adaptive policy
 meets both levels in one life: the two-level load), each prompt 256 random tokens, 128 new tokens, greedy,
-EOS ignored. It prints tok/s, steps, tokens per step, and writes rows.json; `--profile` adds the share of a
-batch-32 step the GPU is busy (torch.profiler: kernel time over wall time), `--identity` checks greedy output
-in float32 with and without speculation.
+EOS ignored. It prints tok/s, steps, tokens per step, and writes rows.jsonl (with each phase's mean ms per
+step); `--profile` adds the share of a batch-32 step the GPU is busy (torch.profiler: kernel time over wall
+time), `--identity` checks greedy output in float32 with and without speculation. `--repeats N` runs each
+(variant, shape) N times, interleaved, for the spread.
 """
 from __future__ import annotations
 
@@ -67,17 +68,28 @@ def prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(3, min(vocab, 49152)) for _ in range(length)] for _ in range(n)]
 
 
-def generate(engine, batch: list[list[int]], params) -> tuple[float, int, int]:
-    """(seconds, steps, tokens) to finish `batch` on `engine` (LLMEngine), stepping it ourselves."""
+PHASES = ("schedule", "draft", "forward", "sample", "other")
+
+
+def generate(engine, batch: list[list[int]], params, phases: dict | None = None) -> tuple[float, int, int]:
+    """(seconds, steps, tokens) to finish `batch` on `engine` (LLMEngine), stepping it ourselves; `phases`
+    gets each phase's mean ms per step (the engine's StepStats: on a GPU the forward on the device's clock)."""
     for p in batch:
         engine.add_request(p, params)
     sync()
     t0, steps, tokens = time.perf_counter(), 0, 0
+    sums = dict.fromkeys(PHASES, 0.0)
     while engine.has_unfinished():
         tokens += sum(len(o.delta_token_ids) for o in engine.step())
         steps += 1
+        for name in PHASES:
+            sums[name] += getattr(engine.last_stats, "t_" + name)
     sync()
-    return time.perf_counter() - t0, steps, tokens
+    seconds = time.perf_counter() - t0
+    if phases is not None:
+        phases.update({name: round(1e3 * v / steps, 3) for name, v in sums.items()},
+                      step=round(1e3 * seconds / steps, 3))
+    return seconds, steps, tokens
 
 
 def worker(args) -> None:
@@ -98,9 +110,12 @@ def worker(args) -> None:
         for b in (1, 32):  # warm-up: compile kernels, capture the graphs of both levels
             generate(llm.engine, prompts(b, args.prompt_len, vocab, seed=99), warm)
         for batch in map(int, args.batches.split(",")):
-            seconds, steps, tokens = generate(llm.engine, prompts(batch, args.prompt_len, vocab, seed=batch), params)
-            row = dict(variant=args.variant, shape=args.shape, config=name, batch=batch, seconds=seconds,
-                       steps=steps, tokens=tokens, tok_s=tokens / seconds, startup_s=start_s,
+            phases = {}
+            seconds, steps, tokens = generate(llm.engine, prompts(batch, args.prompt_len, vocab, seed=batch), params,
+                                              phases)
+            row = dict(variant=args.variant, shape=args.shape, config=name, batch=batch, repeat=args.repeat,
+                       seconds=seconds,
+                       steps=steps, tokens=tokens, tok_s=tokens / seconds, startup_s=start_s, phases_ms=phases,
                        device=torch.cuda.get_device_name() if args.device == "cuda" else args.device)
             if args.profile and batch == 32:
                 row["gpu_busy"] = gpu_busy(llm.engine, prompts(32, args.prompt_len, vocab, seed=7), params)
@@ -142,20 +157,30 @@ def identity(model_dir: str, out: Path, device: str) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    by = {(r["variant"], r["shape"], r["config"], r["batch"]): r for r in rows}
+    """Median tok/s over repeats (min-max with several), tokens per step, GPU busy, the two-level load."""
+    import statistics
+    by: dict[tuple, list[dict]] = {}
+    for r in rows:
+        by.setdefault((r["variant"], r["shape"], r["config"], r["batch"]), []).append(r)
     variants = sorted({r["variant"] for r in rows}, key=["before", "eager", "after"].index)
+
+    def tok_s(key) -> str:
+        values = [r["tok_s"] for r in by.get(key, [])]
+        if not values:
+            return "-"
+        spread = f" ({min(values):,.0f}-{max(values):,.0f})" if len(values) > 1 else ""
+        return f"{statistics.median(values):,.0f}{spread}"
     lines = ["| shape | batch | config | " + " | ".join(f"{v} tok/s" for v in variants)
              + " | tokens/step (last) | GPU busy |", "|---" * (5 + len(variants)) + "|"]
     for shape, config, batch in sorted({k[1:] for k in by}, key=lambda k: (k[0], k[2], list(CONFIGS).index(k[1]))):
-        cells = [f"{by[v, shape, config, batch]['tok_s']:,.0f}" if (v, shape, config, batch) in by else "-"
-                 for v in variants]
-        last = by[variants[-1], shape, config, batch] if (variants[-1], shape, config, batch) in by else {}
+        last = by.get((variants[-1], shape, config, batch), [{}])[0]
         per_step = f"{last['tokens'] / last['steps'] / batch:.2f}" if last else "-"
         busy = f"{last['gpu_busy']:.0%}" if "gpu_busy" in last else "-"
-        lines.append(f"| {shape} | {batch} | {config} | " + " | ".join(cells) + f" | {per_step} | {busy} |")
-    for v in variants:  # the two-level load: batch 1 then batch 32 on one engine, total time
+        lines.append(f"| {shape} | {batch} | {config} | " + " | ".join(tok_s((v, shape, config, batch)) for v in variants)
+                     + f" | {per_step} | {busy} |")
+    for v in variants:  # the two-level load: batch 1 then batch 32 on one engine, total time (medians)
         for shape in sorted({k[1] for k in by}):
-            total = {c: sum(by[v, shape, c, b]["seconds"] for b in (1, 32) if (v, shape, c, b) in by)
+            total = {c: sum(statistics.median(r["seconds"] for r in by[v, shape, c, b]) for b in (1, 32))
                      for c in CONFIGS if all((v, shape, c, b) in by for b in (1, 32))}
             if total:
                 lines.append(f"two-level ({v}, {shape}): " + ", ".join(f"{c} {s:.2f} s" for c, s in total.items()))
@@ -176,6 +201,8 @@ def main() -> None:
     p.add_argument("--identity", action="store_true", help="float32 greedy identity with and without speculation")
     p.add_argument("--device", default="cuda", help="cuda; cpu only to try the script (default: %(default)s)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--repeats", type=int, default=1, help="runs of each (variant, shape), interleaved")
+    p.add_argument("--repeat", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--variant", help=argparse.SUPPRESS)
     p.add_argument("--shape", help=argparse.SUPPRESS)
     p.add_argument("--model-dir", help=argparse.SUPPRESS)
@@ -193,15 +220,18 @@ def main() -> None:
               identity(str(make_model("smollm2-135m", models / "identity", args.device)), out, args.device), flush=True)
     for shape in args.shapes.split(","):
         model_dir = make_model(shape, models / shape, args.device)
-        for variant in args.variants.split(","):
-            env = dict(os.environ, PYTHONPATH=str(Path(args.before).resolve() if variant == "before" else ROOT))
-            cmd = [sys.executable, __file__, "--worker", "--variant", variant, "--shape", shape,
-                   "--model-dir", str(model_dir), "--rows", str(rows_path), "--configs", args.configs,
-                   "--batches", args.batches, "--prompt-len", str(args.prompt_len),
-                   "--new-tokens", str(args.new_tokens), "--device", args.device] + (["--profile"] if args.profile and variant == "after" else [])
-            code = subprocess.call(cmd, env=env)
-            if code:
-                print(f"worker {variant} {shape} exited {code}", flush=True)
+        for repeat in range(args.repeats):
+            for variant in args.variants.split(","):
+                env = dict(os.environ, PYTHONPATH=str(Path(args.before).resolve() if variant == "before" else ROOT))
+                cmd = [sys.executable, __file__, "--worker", "--variant", variant, "--shape", shape,
+                       "--model-dir", str(model_dir), "--rows", str(rows_path), "--configs", args.configs,
+                       "--batches", args.batches, "--prompt-len", str(args.prompt_len), "--repeat", str(repeat),
+                       "--new-tokens", str(args.new_tokens), "--device", args.device]
+                if args.profile and variant == "after" and repeat == 0:
+                    cmd.append("--profile")
+                code = subprocess.call(cmd, env=env)
+                if code:
+                    print(f"worker {variant} {shape} exited {code}", flush=True)
     rows = [json.loads(line) for line in rows_path.read_text().splitlines()] if rows_path.exists() else []
     text = table(rows)
     (out / "table.md").write_text(f"card: {rows[0]['device'] if rows else '?'}\n\n{text}\n")
