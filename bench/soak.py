@@ -4,7 +4,8 @@ Over hours a server must stay flat: memory, file descriptors, KV blocks and late
 a mix of streamed completions (60 %), non-streamed ones (30 %), clients that disconnect after their first
 token (8 %) and hostile requests (2 %: malformed JSON, wrong types, unknown model, a negative max_tokens,
 each must get a 4xx). Every --idle-every-s the arrivals pause until nothing is in flight, and the KV cache
-usage and open file descriptors are read there: an idle server holds no blocks. RSS of the server and of
+usage and open file descriptors are read there, once the server has closed idle keep-alive connections: an
+idle server holds no blocks. RSS of the server and of
 its engine process is sampled every 5 s. Latency p99 per 5-minute window of completed requests.
 
     python bench/soak.py [--duration-s 1920] [--load 0.7] [--server-args '--num-threads 1'] [--name NAME]
@@ -118,7 +119,9 @@ async def run(args, root: str, pid: int) -> dict:
         while next_at < t0 + args.duration_s:
             if next_at >= next_idle:  # pause: let everything finish, then read the idle state
                 await asyncio.gather(*[t for t in tasks if not t.done()])
-                await asyncio.sleep(1.0)  # aborts of disconnected streams land with the next steps
+                # Past the server's keep-alive timeout (5 s): the pool's idle connections are closed, so the
+                # descriptors counted are the server's own (and the aborts of disconnected streams have landed).
+                await asyncio.sleep(6.0)
                 idle.append({"t": time.time() - t0, "kv_usage": await metric(http, root, "specserve:kv_cache_usage_perc"),
                              "running": await metric(http, root, "specserve:num_requests_running"),
                              "fds": fds(pid)})
@@ -170,7 +173,7 @@ def summarize(args, rate, offered, t0, results, samples, idle) -> dict:
     }
     checks = {
         "RSS growth 10th -> 30th minute <= 5 %": summary["rss_growth_10_30"] <= 0.05,
-        "FDs flat at idle": len({p["fds"] for p in idle[1:]}) <= 1,
+        "FDs flat at idle (within 2)": max(p["fds"] for p in idle) - min(p["fds"] for p in idle) <= 2,
         "every KV block free at idle": all(p["kv_usage"] == 0 and p["running"] == 0 for p in idle),
         "p99 of every window <= 1.3x the first's": bool(p99) and max(p99) <= 1.3 * p99[0],
         "no 5xx; hostile requests all 4xx": not summary["any_5xx"]
