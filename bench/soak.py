@@ -19,10 +19,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
-import json
 import os
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,7 +29,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from stress import PROMPTS, descendants, one, rss_bytes, saturation, start_server  # noqa: E402
+from stress import PROMPTS, descendants, one, rss_bytes, saturation, save, start_server  # noqa: E402
 
 OUT = Path(__file__).parent / "results" / "soak"
 WINDOW_S = 300
@@ -219,21 +217,7 @@ def main() -> None:
     finally:
         proc.terminate()
         code = proc.wait(60)
-    log = log_path.read_text(errors="replace")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip()
-    cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
-                if l.startswith("model name")), "?")
-    result.update(config=vars(args), commit=commit, cpu=cpu, cpus=os.cpu_count(), server_exit_code=code,
-                  traceback_in_log="Traceback" in log, date=datetime.datetime.now().isoformat(timespec="seconds"))
-    result["checks"]["server exited 0, no traceback"] = code == 0 and not result["traceback_in_log"]
-    print()
-    print(table(result))
-    OUT.mkdir(parents=True, exist_ok=True)
-    path = OUT / f"{args.name}.json"
-    path.write_text(json.dumps(result, indent=1))
-    print(f"\nwritten {path} (server log: {log_path})")
-    sys.exit(0 if all(result["checks"].values()) else 1)
+    save(result, args, code, log_path, OUT, table)
 
 
 if __name__ == "__main__":

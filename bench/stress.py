@@ -115,9 +115,33 @@ def health_probe(root: str, interval: float, stop, out) -> None:
     out.put(samples)
 
 
+def save(result: dict, args, code: int, log_path: Path, out_dir: Path, table) -> None:
+    """Records what the run was (config, commit, CPU, date, the server's exit and traceback) in `result`,
+    prints `table(result)`, writes out_dir/<args.name>.json and exits 0 only if every check passed."""
+    log = log_path.read_text(errors="replace")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=Path(__file__).parent).stdout.strip()
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), "?")
+    startup = next((line for line in log.splitlines() if "specserve serving" in line), "")
+    result.update(config=vars(args), commit=commit, cpu=cpu, cpus=os.cpu_count(), server_exit_code=code,
+                  server_line=startup.split("specserve: ", 1)[-1], traceback_in_log="Traceback" in log,
+                  date=datetime.datetime.now().isoformat(timespec="seconds"))
+    result["checks"]["server exited 0, no traceback"] = code == 0 and not result["traceback_in_log"]
+    print()
+    print(table(result))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{args.name}.json"
+    path.write_text(json.dumps(result, indent=1))
+    print(f"\nwritten {path} (server log: {log_path})")
+    sys.exit(0 if all(result["checks"].values()) else 1)
+
+
 # ---- the load -------------------------------------------------------------------------------------------------
 
-async def one(http: httpx.AsyncClient, url: str, body: dict) -> dict:
+async def one(http: httpx.AsyncClient, url: str, body: dict, first_token: asyncio.Event | None = None) -> dict:
+    """A streamed completion to its end: status, tokens, [DONE], the error event if any, TTFT, latency
+    (`start` and `latency` on the wall clock). `first_token` is set when its first token arrives."""
     t0 = time.time()
     r = {"start": t0, "status": None, "retry_after": None, "tokens": 0, "done": False, "error": None}
     try:
@@ -137,6 +161,8 @@ async def one(http: httpx.AsyncClient, url: str, body: dict) -> dict:
                             r["tokens"] = chunk["usage"]["completion_tokens"]
                         elif r.get("ttft") is None:
                             r["ttft"] = time.time() - t0
+                            if first_token is not None:
+                                first_token.set()
     except httpx.HTTPError as e:
         r["error"] = f"{type(e).__name__}: {e}"
     r["latency"] = time.time() - t0
@@ -309,21 +335,8 @@ def main() -> None:
     finally:
         proc.terminate()
         code = proc.wait(60)
-    log = log_path.read_text(errors="replace")
-    startup = next((l for l in log.splitlines() if "specserve serving" in l), "")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip()
-    result.update(config=vars(args), commit=commit, server_exit_code=code, server_line=startup.split("specserve: ", 1)[-1],
-                  traceback_in_log="Traceback" in log, cpus=os.cpu_count(), loadavg_before=load_before,
-                  date=datetime.datetime.now().isoformat(timespec="seconds"))
-    result["checks"]["server exited 0, no traceback"] = code == 0 and not result["traceback_in_log"]
-    print()
-    print(table(result))
-    OUT.mkdir(parents=True, exist_ok=True)
-    path = OUT / f"{args.name}.json"
-    path.write_text(json.dumps(result, indent=1))
-    print(f"\nwritten {path} (server log: {log_path})")
-    sys.exit(0 if all(result["checks"].values()) else 1)
+    result["loadavg_before"] = load_before
+    save(result, args, code, log_path, OUT, table)
 
 
 if __name__ == "__main__":
