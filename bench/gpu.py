@@ -187,6 +187,18 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def write_meta(out: Path, args) -> None:
+    """What the run was: its command and the commits it compared (a device's copy of the tree has no .git:
+    then $SPECSERVE_COMMIT names this checkout's, and <before>/COMMIT the older package's)."""
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=ROOT).stdout.strip() or os.environ.get("SPECSERVE_COMMIT", "?")
+    before = Path(args.before) / "COMMIT"
+    meta = dict(command="python bench/gpu.py " + " ".join(sys.argv[1:]), commit=commit,
+                before_commit=before.read_text().strip() if before.exists() else None,
+                date=time.strftime("%Y-%m-%dT%H:%M:%S"))
+    (out / "meta.json").write_text(json.dumps(meta, indent=1))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="bench/results/gpu/run")
@@ -213,6 +225,7 @@ def main() -> None:
         return worker(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    write_meta(out, args)
     rows_path = out / "rows.jsonl"
     models = Path(tempfile.mkdtemp(prefix="specserve-gpu-"))
     if args.identity:
