@@ -50,7 +50,7 @@ if triton is not None:
                                 num_seqs, stride_qt, stride_qh, stride_cb, stride_ch, stride_cs, stride_ot,
                                 stride_tb, PER_KV: tl.constexpr, QMAX: tl.constexpr, ROWS: tl.constexpr,
                                 BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, KEYS: tl.constexpr,
-                                WINDOW: tl.constexpr, IEEE: tl.constexpr):
+                                WINDOW: tl.constexpr, PRECISION: tl.constexpr):
         s = tl.program_id(0)
         kv_head = tl.program_id(1)
         first = tl.load(seqs_ptr + s).to(tl.int64)
@@ -77,10 +77,7 @@ if triton is not None:
             kv_rows = block * stride_cb + kv_head * stride_ch + (pos % BLOCK_SIZE) * stride_cs  # [KEYS]
             k = tl.load(k_ptr + kv_rows[:, None] + d[None, :], mask=in_ctx[:, None], other=0.0)
             v = tl.load(v_ptr + kv_rows[:, None] + d[None, :], mask=in_ctx[:, None], other=0.0)
-            if IEEE:
-                scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
-            else:
-                scores = tl.dot(q, tl.trans(k)) * scale
+            scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
             allowed = (pos[None, :] <= q_pos[:, None]) & in_ctx[None, :]
             if WINDOW:
                 allowed = allowed & (pos[None, :] > q_pos[:, None] - window)
@@ -90,10 +87,7 @@ if triton is not None:
             p = tl.exp(scores - base[:, None])
             alpha = tl.exp(m - base)
             total = total * alpha + tl.sum(p, 1)
-            if IEEE:
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-            else:
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
             m = m_new
         out = acc / tl.where(total == 0.0, 1.0, total)[:, None]
         out_rows = (first + query) * stride_ot + head * HEAD_DIM
@@ -119,5 +113,7 @@ def short_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         q, k_cache, v_cache, out, seqs, block_tables, scale, sliding_window or 0, num_seqs,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), out.stride(0),
         block_tables.stride(0), PER_KV=per_kv, QMAX=rows_max, ROWS=rows, BLOCK_SIZE=block_size,
-        HEAD_DIM=head_dim, KEYS=KEYS, WINDOW=bool(sliding_window), IEEE=q.dtype == torch.float32,
+        HEAD_DIM=head_dim, KEYS=KEYS, WINDOW=bool(sliding_window),
+        # float32 models: exact float32 products, as the reference computes (Triton's default is TF32)
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=4 if rows <= 64 else 8)

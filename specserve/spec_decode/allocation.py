@@ -60,11 +60,10 @@ def survival(acceptance: np.ndarray) -> np.ndarray:
 def allocate(c: np.ndarray, drafts: list[str | None], limits: list[int], costs: StepCosts,
              tpot_slos: list[float | None] | None = None, first_rows: list[int] | None = None) -> Allocation:
     """The best-goodput lengths (l_i <= limits[i]) for survival probabilities c [B, K].
-    first_rows: per request, the rows its first
-    draft step runs (1; more when its draft cache must catch up; default 1 each). tpot_slos: per request, the
-    seconds per output token it must get: T / A_i, the step's time over its own expected tokens, stays under
-    it (every request waits for the whole step, but commits only its own tokens); where no allocation meets
-    every objective, the one violating them least."""
+    first_rows: per request, the rows its first draft step runs (1; more when its draft cache must catch up;
+    default 1 each). tpot_slos: per request, the seconds per output token it must get: T / A_i, the step's
+    time over its own expected tokens, stays under it (every request waits for the whole step, but commits
+    only its own tokens); where no allocation meets every objective, the one violating them least."""
     b, k = c.shape
     cols = np.arange(k)
     allowed = cols[None, :] < np.asarray(limits)[:, None]
