@@ -7,7 +7,7 @@ that fits each prompt), mean E2E per stream and overall. `none` is plain decodin
 speculation (no draft loaded): the floor the default must not go below (`off` keeps the drafts loaded).
 
     python bench/adaptive.py --workloads mix --policies none,off,static2,static4,adaptive \
-        --levels 0.2,0.5,0.8,1.1 --requests 12 --repeats 2   # the mixed bursty evaluation, ~45 min here
+        --levels 0.2,0.5,0.8,1.1 --requests 12 --repeats 2   # the mixed bursty evaluation, ~20 min here
 
     python bench/adaptive.py                       # ~60 min on 2 CPU cores: off, static 2 and 4, adaptive
     python bench/adaptive.py --policies all --temperatures 0,0.7 --levels 0.1,0.25,0.4,0.55,0.7,0.9 \
@@ -192,7 +192,8 @@ def run(args) -> Path:
         "command": "python bench/adaptive.py " + " ".join(sys.argv[1:]), "started": datetime.datetime.now().isoformat(
             timespec="seconds"), "commit": _commit()}, indent=1))
     for workload in args.workloads.split(","):
-        engines = {"spec": build_engine(workload, args.threads), "none": build_engine(workload, args.threads, plain=True)}
+        engines = {"spec": build_engine(workload, args.threads),
+                   "none": build_engine(workload, args.threads, plain=True)}  # plain decoding: saturation, `none`
         sat = saturation(engines, workload, args.saturation_requests)
         print(f"{workload}: plain decoding saturates at {sat:.3f} req/s", flush=True)
         for temperature in map(float, args.temperatures.split(",")):

@@ -120,7 +120,8 @@ async def run(args, root: str, pid: int) -> dict:
                 # Past the server's keep-alive timeout (5 s): the pool's idle connections are closed, so the
                 # descriptors counted are the server's own (and the aborts of disconnected streams have landed).
                 await asyncio.sleep(6.0)
-                idle.append({"t": time.time() - t0, "kv_usage": await metric(http, root, "specserve:kv_cache_usage_perc"),
+                idle.append({"t": time.time() - t0,
+                             "kv_usage": await metric(http, root, "specserve:kv_cache_usage_perc"),
                              "running": await metric(http, root, "specserve:num_requests_running"),
                              "fds": fds(pid)})
                 print(f"{idle[-1]['t'] / 60:5.1f} min idle: KV {idle[-1]['kv_usage']:.3f}, FDs {idle[-1]['fds']}, "

@@ -97,8 +97,8 @@ class ServerMetrics:
             ("num_accepted_tokens", "spec_decode_num_accepted_tokens by draft")))
         # Create every series now, so a scraper sees 0 rather than no series before the first event.
         for metric in (self.prompt_tokens, self.generation_tokens, self.preemptions, self.restarts, self.ttft,
-                       self.tpot, self.itl, self.e2e, self.queue, self.spec_drafts, self.spec_draft_tokens, self.spec_accepted,
-                       self.draft_length, self.step_draft_length):
+                       self.tpot, self.itl, self.e2e, self.queue, self.spec_drafts, self.spec_draft_tokens,
+                       self.spec_accepted, self.draft_length, self.step_draft_length):
             metric.labels(model_name)
         for draft in engine.draft_names:
             for metric in self._routed:
