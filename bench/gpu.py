@@ -114,8 +114,8 @@ def worker(args) -> None:
             seconds, steps, tokens = generate(llm.engine, prompts(batch, args.prompt_len, vocab, seed=batch), params,
                                               phases)
             row = dict(variant=args.variant, shape=args.shape, config=name, batch=batch, repeat=args.repeat,
-                       seconds=seconds,
-                       steps=steps, tokens=tokens, tok_s=tokens / seconds, startup_s=start_s, phases_ms=phases,
+                       seconds=seconds, steps=steps, tokens=tokens, tok_s=tokens / seconds, startup_s=start_s,
+                       phases_ms=phases,
                        device=torch.cuda.get_device_name() if args.device == "cuda" else args.device)
             if args.profile and batch == 32:
                 row["gpu_busy"] = gpu_busy(llm.engine, prompts(32, args.prompt_len, vocab, seed=7), params)
