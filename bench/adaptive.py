@@ -80,8 +80,14 @@ def use_policy(engines: dict, label: str):
     from specserve.spec_decode.policies import make_policy
     if label == "none":
         return engines["none"]
+    from specserve.spec_decode.acceptance_model import AcceptanceModel
     engine = engines["spec"].engine
     name, k, options = POLICIES[label]
+    # Each policy keeps what it learned of acceptance as a server running it would, and learns it from its
+    # own runs only: static k=4's outcomes must not tell the adaptive policy what to expect. The step cost
+    # model is the machine's and is shared.
+    learned = engines.setdefault("acceptance", {})
+    engine.models.acceptance = learned.setdefault(label, AcceptanceModel(engine.models.acceptance.max_positions))
     engine.policy = engine.executor.policy = make_policy(name, k, options, engine.models)
     engine.scheduler.max_drafts = k
     return engines["spec"]
@@ -132,6 +138,7 @@ def replay(llm, texts, times, params, streams) -> dict:
     engine = llm.engine
     start, i, n, done = time.monotonic(), 0, len(texts), {}
     lengths, steps, predicted, measured = [], 0, [], []
+    prefill_s = prefill_tokens = 0.0  # prefill-only steps: the same work under every policy, so a speed gauge
     while len(done) < n:
         now = time.monotonic() - start
         while i < n and times[i] <= now:
@@ -144,6 +151,8 @@ def replay(llm, texts, times, params, streams) -> dict:
             if out.finished:
                 done[out.request_id] = out
         s = engine.last_stats
+        if s.num_prefill_tokens and not s.num_decodes:
+            prefill_s, prefill_tokens = prefill_s + s.t_forward, prefill_tokens + s.num_prefill_tokens
         if s.num_decodes:
             steps += 1
             lengths.append(sum(s.draft_lengths) / s.num_decodes)
@@ -166,6 +175,7 @@ def replay(llm, texts, times, params, streams) -> dict:
             "tpot_attainment": float(np.mean([t <= slo[0] for t in tpot])) if slo and tpot else None,
             "output_tokens": tokens, "wall_s": time.monotonic() - start, "steps": steps,
             "mean_draft_length": float(np.mean(lengths)) if lengths else 0.0,
+            "prefill_ms_per_token": 1e3 * prefill_s / prefill_tokens if prefill_tokens else None,
             "step_time_error": float(np.mean(np.abs(np.array(predicted) - measured) / np.array(measured)))
             if predicted else None}
 
@@ -292,12 +302,25 @@ def attainment(rows, policies, levels) -> list[str]:
     return out
 
 
-def paired(rows, policy, other, level, key="mean_e2e") -> list[float]:
+def paired(rows, policy, other, level, key="mean_e2e", speed=False) -> list[float]:
     """policy's mean E2E over other's, per repeat: the two ran the same arrivals and prompts in the same round,
-    so the ratio cancels what differs between rounds (prompts, the machine's drift)."""
-    mine = {r["repeat"]: r[key] for r in rows if r["policy"] == policy and r["level"] == level}
-    theirs = {r["repeat"]: r[key] for r in rows if r["policy"] == other and r["level"] == level}
-    return [mine[k] / theirs[k] for k in sorted(mine.keys() & theirs.keys())]
+    so the ratio cancels what differs between rounds (prompts, most of the machine's drift). With `speed`,
+    each ratio is also divided by the ratio of the two runs' prefill time per token (prefill-only steps:
+    the same work whatever the policy): what the machine's speed between the two runs, minutes apart,
+    still explains (to first order: latency scales with the time of the work)."""
+    def of(p):
+        return {r["repeat"]: r for r in rows if r["policy"] == p and r["level"] == level}
+    mine, theirs = of(policy), of(other)
+    out = []
+    for k in sorted(mine.keys() & theirs.keys()):
+        ratio = mine[k][key] / theirs[k][key]
+        if speed:
+            gauges = mine[k].get("prefill_ms_per_token"), theirs[k].get("prefill_ms_per_token")
+            if not all(gauges):
+                continue
+            ratio /= gauges[0] / gauges[1]
+        out.append(ratio)
+    return out
 
 
 def goals(rows, levels, key="mean_e2e") -> list[str]:
@@ -328,6 +351,14 @@ def goals(rows, levels, key="mean_e2e") -> list[str]:
         over_single = [ratio("adaptive", single, lv) for lv in levels]
         out.append("do no harm: adaptive / none (no speculation) per level: " + ", ".join(fmt(r) for r in floor)
                    + f" (goal ≤ 1.03 everywhere: {'met' if all(r[0] <= 1.03 for r in floor) else 'missed'})")
+        adjusted = [paired(rows, "adaptive", "none", lv, key, speed=True) for lv in levels]
+        if all(adjusted):
+            out.append("  the same, each round's ratio divided by the two runs' ratio of prefill time per token (the "
+                       "machine's speed then): " + ", ".join(
+                           fmt((statistics.median(v), min(v), max(v))) for v in adjusted))
+        if "off" in have:
+            out.append("off (drafts loaded, nothing drafted) / none per level: " + ", ".join(
+                fmt(ratio("off", "none", lv)) for lv in levels))
         wins = sum(r[0] <= 0.90 for r in over_single)
         out.append(f"win on the mix: adaptive / {single} (best single fixed choice) per level: "
                    + ", ".join(fmt(r) for r in over_single) + f" (goal ≤ 0.90 at ≥ 2 levels and ≤ 1.00 at all: "

@@ -252,6 +252,9 @@ class LLMEngine:
             feedback = StepFeedback(plan.view, outcomes, times, len(plan.decodes) + sum(proposal.lengths),
                                     stats.num_prefill_tokens, result.forward_kv, proposal.draft_forwards)
             stats.t_predicted = self.models.observe(feedback)
+            if (planned := self.policy.last_plan) is not None:
+                stats.planned_tokens, stats.planned_plain_s = planned.tokens, planned.plain_seconds
+                self.policy.last_plan = None
             self.policy.observe(feedback)
         self.last_stats = stats
 

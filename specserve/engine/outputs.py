@@ -43,6 +43,10 @@ class StepStats(SpecStats):
     t_sample: float = 0.0          # sampling and rejection sampling, with the step's device->host transfer
     t_other: float = 0.0           # commit, detokenize, outputs, policy feedback
     t_predicted: float | None = None  # the step cost model's prediction of t_draft + t_forward, if it runs
+    # The policy's plan (model-based policies): expected committed tokens, and the step's predicted time
+    # without drafts (less a prefill chunk's share): what its decision weighed against what happened
+    planned_tokens: float | None = None
+    planned_plain_s: float | None = None
     num_running: int = 0
     num_waiting: int = 0
     kv_usage: float = 0.0

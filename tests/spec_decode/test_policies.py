@@ -145,3 +145,29 @@ def test_the_first_draft_forward_runs_the_rows_the_view_priced(tiny_target, tiny
             assert f.draft_forwards[0][1] == sum(r.draft_rows for r in drafting)
             checked += [r.draft_rows for r in drafting]
     assert checked and max(checked) > 2  # whole prompts at first, a skipped step's rows later
+
+
+def test_step_stats_carry_what_the_adaptive_plan_predicted(tiny_target, tiny_draft):
+    """bench/adaptive_steps.py weighs each plan against its step: the expected tokens and the predicted time
+    of the step without drafts reach the step's stats (and only a model-based policy's plan sets them)."""
+    llm = LLM(model=str(tiny_target), dtype="float32", speculative_config={
+        "model": str(tiny_draft), "num_speculative_tokens": 3, "policy": "adaptive"})
+    llm.engine.models._cost = cheap_drafts(llm)
+    engine = llm.engine
+    for i, p in enumerate(prompts(3, seed=11)):
+        engine.add_request(p, GREEDY, request_id=str(i))
+    seen = []
+    while engine.has_unfinished():
+        engine.step()
+        s = engine.last_stats
+        if s.num_decodes:
+            drafted = sum(s.draft_lengths)
+            assert s.planned_plain_s > 0
+            assert s.planned_tokens == pytest.approx(s.num_decodes) if not drafted else s.planned_tokens > s.num_decodes
+            seen.append(drafted)
+    assert any(seen)
+    engine.policy = engine.executor.policy = Alternating(3)
+    engine.add_request(prompts(1, seed=12)[0], GREEDY, request_id="x")
+    while engine.has_unfinished():
+        engine.step()
+        assert engine.last_stats.planned_tokens is None

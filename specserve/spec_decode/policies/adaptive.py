@@ -41,4 +41,5 @@ class Adaptive(Policy):
             kept = evaluate(survival(a), held, drafts, costs, first_rows=rows)
             if kept.goodput >= best.goodput * (1 - self.margin):
                 best = kept
+        self.last_plan = best
         return best.lengths

@@ -50,6 +50,7 @@ class Policy:
     wants_confidences = False  # compute draft confidences and hand them to observe()
     uses_cost_model = False    # the engine profiles the step cost model at startup for it
     models = None              # the engine's SpeculationModels (spec_decode/predictors.py): step cost, acceptance
+    last_plan = None           # a model-based policy's latest Allocation: its predictions, in the step's stats
 
     def __init__(self, max_drafts: int):
         self.max_drafts = max_drafts
