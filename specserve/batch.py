@@ -162,6 +162,8 @@ class StepPlan:
     prefills: list[ScheduledSeq] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
     view: BatchView | None = None  # the decodes as the policy saw them (None without speculation)
+    cache_queries: int = 0  # prompt tokens of the requests admitted this step, looked up in the prefix cache
+    cache_hits: int = 0     # of which found there (their KV not computed again)
 
     @property
     def is_empty(self) -> bool:

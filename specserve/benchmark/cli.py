@@ -75,6 +75,11 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--output-len", type=int, help="output tokens per request (default: trace, else 128)")
     g.add_argument("--tokenizer", help="tokenizer.json or model folder, for prompts of exact token length")
     g.add_argument("--max-model-len", type=int, help="clip prompt+output to this (default: from /v1/models)")
+    g.add_argument("--turns", type=int,
+                   help="multi-turn conversations of this many turns (MT-Bench; chat endpoint): each turn sends "
+                        "the history, the model's own replies included; arrivals start conversations")
+    g.add_argument("--think-time", type=float, default=0.0, metavar="SECONDS",
+                   help="with --turns: pause between a reply's end and the next turn (default: 0)")
     g = p.add_argument_group("requests and run")
     g.add_argument("--no-ignore-eos", action="store_true",
                    help="let the model stop early instead of forcing the output length")
@@ -149,18 +154,23 @@ def _common(args):
         raise SpecServeError("--k must be 0 (no speculative decoding) or more")
     if args.duration is not None and args.duration <= 0:
         raise SpecServeError("--duration must be positive")
+    if args.turns is not None and args.turns < 1:
+        raise SpecServeError("--turns must be at least 1")
+    if args.think_time < 0:
+        raise SpecServeError("--think-time must not be negative")
     try:
         slo = parse_slo(args.slo)
     except ValueError as e:
         raise SpecServeError(str(e)) from None
     target = Target(base_url=args.base_url or "", model=args.model, label=args.label, k=args.k,
                     server_config=dict(args.server_config, **({"k": args.k} if args.k is not None else {})),
-                    endpoint=args.endpoint, api_key=args.api_key)
+                    endpoint="chat" if args.turns else args.endpoint, api_key=args.api_key)
     spec = WorkloadSpec(trace=args.trace, trace_format=args.trace_format, time_scale=args.time_scale,
                         start_s=args.start, duration_s=args.duration, max_requests=args.max_requests,
                         request_rate=args.request_rate, burstiness=args.burstiness,
                         max_concurrency=args.max_concurrency, dataset=args.dataset,
-                        input_len=args.input_len, output_len=args.output_len, seed=args.seed)
+                        input_len=args.input_len, output_len=args.output_len, seed=args.seed,
+                        turns=args.turns, think_time_s=args.think_time)
     opts = RunOptions(warmup_requests=args.warmup_requests, discard_first_s=args.discard_first, slo=slo,
                       ignore_eos=not args.no_ignore_eos, temperature=args.temperature,
                       extra_body=args.extra_body, request_timeout_s=args.request_timeout,

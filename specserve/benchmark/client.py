@@ -54,6 +54,8 @@ class RequestResult:
     output_tokens_source: str = "usage"   # "usage" or "chunks" (one token per chunk assumed)
     spec: dict | None = None              # the server's per-response `speculative` stats
     error: str | None = None
+    turn: int | None = None               # multi-turn runs: the turn's index in its conversation (0 first)
+    text: str | None = None               # the streamed text, kept when this starts as "" (not None)
 
     @property
     def ok(self) -> bool:
@@ -101,11 +103,11 @@ class StreamingClient:
         self.extra_body = extra_body or {}
         self.timeout_s = timeout_s
 
-    def body(self, prompt: str, max_tokens: int) -> dict:
+    def body(self, prompt: str, max_tokens: int, messages: list[dict] | None = None) -> dict:
         body = {"model": self.model, "max_tokens": max_tokens, "temperature": self.temperature,
                 "stream": True, "stream_options": {"include_usage": True}}
         if self.chat:
-            body["messages"] = [{"role": "user", "content": prompt}]
+            body["messages"] = messages or [{"role": "user", "content": prompt}]
         else:
             body["prompt"] = prompt
         if self.ignore_eos:
@@ -114,9 +116,11 @@ class StreamingClient:
         body.update(self.extra_body)
         return body
 
-    async def send(self, result: RequestResult, prompt: str, clock) -> RequestResult:
-        """Stream one request; `clock()` gives seconds since the run's start. Fills in `result`."""
-        body = self.body(prompt, result.max_tokens)
+    async def send(self, result: RequestResult, prompt: str, clock, messages: list[dict] | None = None
+                   ) -> RequestResult:
+        """Stream one request; `clock()` gives seconds since the run's start. Fills in `result`. `messages`:
+        a whole chat history to send instead of `prompt` (chat endpoint)."""
+        body = self.body(prompt, result.max_tokens, messages)
         result.sent_s = clock()
         try:
             # httpx's timeout bounds each read; this bounds the whole request, so a stalled server
@@ -159,10 +163,12 @@ class StreamingClient:
                 result.error = f"stream error: {_error_message(json.dumps(chunk))}"
                 return
             for choice in chunk.get("choices") or []:
-                if _chunk_text(choice, self.chat):
+                if text := _chunk_text(choice, self.chat):
                     if result.first_token_s is None:
                         result.first_token_s = now
                     result.chunk_times.append(now)
+                    if result.text is not None:
+                        result.text += text
                     break
             usage = chunk.get("usage")
             if usage:

@@ -12,6 +12,7 @@ import httpx
 from specserve.benchmark import server_metrics
 from specserve.benchmark.client import (RequestResult, StreamingClient, list_models, make_http_client,
                                         monotonic_clock)
+from specserve.benchmark.conversations import build_conversations, execute_conversations, per_turn
 from specserve.benchmark.summary import build_record, request_row
 from specserve.benchmark.workload import Workload, WorkloadSpec, make_workload
 from specserve.errors import SpecServeError
@@ -172,7 +173,13 @@ async def run_once(target: Target, spec: WorkloadSpec, opts: RunOptions,
                               p.text, warm_clock)
         before = await server_metrics.scrape(http, target.base_url)
         started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        results = await execute(client, workload, opts, spec.max_concurrency, target.label)
+        if spec.turns:
+            conversations = build_conversations(len(workload.arrival_s), spec.turns, spec.seed)
+            with _Progress(opts.progress, len(conversations) * spec.turns, target.label) as progress:
+                results = await execute_conversations(client, conversations, workload.arrival_s,
+                                                      workload.prompts[0].max_tokens, spec.think_time_s, progress)
+        else:
+            results = await execute(client, workload, opts, spec.max_concurrency, target.label)
         after = await server_metrics.scrape(http, target.base_url)
     finally:
         if own:
@@ -186,6 +193,9 @@ async def run_once(target: Target, spec: WorkloadSpec, opts: RunOptions,
                           prompt_info=workload.prompt_info, started_at=started_at)
     record["warmup"] = {"requests": opts.warmup_requests, "discard_first_s": opts.discard_first_s,
                         "num_discarded": sum(not r.measured for r in results)}
+    if spec.turns:
+        record["turns"] = per_turn(results)
+        record["think_time_s"] = spec.think_time_s
     if sweep_info:
         record["sweep"] = sweep_info
     return record, [request_row(r) for r in results]

@@ -19,6 +19,8 @@ PREFIXES = ("specserve:", "vllm:", "llamacpp:")
 # key -> (metric name after the prefix, labels the series must carry): summed over matching series
 COUNTERS = {
     "preemptions": ("num_preemptions_total", {}),
+    "prefix_cache_queries": ("prefix_cache_queries_total", {}),  # prompt tokens; vLLM names them alike
+    "prefix_cache_hits": ("prefix_cache_hits_total", {}),
     "spec_drafts": ("spec_decode_num_drafts_total", {}),
     "spec_draft_tokens": ("spec_decode_num_draft_tokens_total", {}),
     "spec_accepted_tokens": ("spec_decode_num_accepted_tokens_total", {}),

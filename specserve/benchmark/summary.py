@@ -137,4 +137,6 @@ def build_record(results: list[RequestResult], *, run_id: str, label: str, k: in
     record["policy"] = _policy(server_delta)
     pre = (server_delta or {}).get("preemptions")
     record["preemptions"] = int(round(pre)) if pre is not None else None
+    queries = (server_delta or {}).get("prefix_cache_queries")
+    record["prefix_cache_hit_rate"] = server_delta["prefix_cache_hits"] / queries if queries else None
     return record

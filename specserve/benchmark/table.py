@@ -88,9 +88,20 @@ def print_run(record: dict) -> None:
                 for name, d in spec["per_draft"].items())))
     if record.get("preemptions") is not None:
         rows.append(("preemptions", str(record["preemptions"])))
+    if record.get("prefix_cache_hit_rate") is not None:
+        rows.append(("prefix cache hit rate (prompt tokens)", f"{record['prefix_cache_hit_rate']:.1%}"))
     for r in rows:
         facts.add_row(*r)
     console.print(facts)
+    if record.get("turns"):
+        turns = Table(title="by turn of the conversation")
+        for col in ("turn", "requests", "mean prompt tokens", "mean TTFT (ms)", "mean E2E (ms)"):
+            turns.add_column(col, justify="right")
+        for t in record["turns"]:
+            turns.add_row(str(t["turn"]), str(t["requests"]), _num(t["mean_prompt_tokens"], "{:.0f}"),
+                          _num(None if t["mean_ttft_s"] is None else 1e3 * t["mean_ttft_s"], "{:.0f}"),
+                          _num(None if t["mean_e2e_s"] is None else 1e3 * t["mean_e2e_s"], "{:.0f}"))
+        console.print(turns)
     for n in notes(record):
         console.print(f"[yellow]note:[/yellow] {n}")
 

@@ -42,6 +42,8 @@ class WorkloadSpec:
     input_len: int | None = None
     output_len: int | None = None
     seed: int = 0
+    turns: int | None = None          # multi-turn conversations (benchmark/conversations.py): turns each;
+    think_time_s: float = 0.0         # the arrivals are then conversation starts
 
 
 @dataclass

@@ -50,7 +50,10 @@ def target_replies(target_name: str, prompts: list[tuple[str, list[int]]], path:
     todo = [(key, ids) for key, ids in dict(prompts).items() if key not in done]
     if todo:
         from specserve import LLM, SamplingParams
-        llm = LLM(model=target_name, max_num_seqs=batch, dtype="bfloat16", device=device)
+        # No prefix caching: the recorder needs the hidden state of every position, and a prompt prefix taken
+        # from the cache is not run.
+        llm = LLM(model=target_name, max_num_seqs=batch, dtype="bfloat16", device=device,
+                  enable_prefix_caching=features is None)
         eos = llm.tokenizer.eos_token_ids
         recorder = None
         if features is not None:

@@ -38,6 +38,9 @@ def add_engine_args(p: argparse.ArgumentParser, max_num_batched_tokens: int,
     g.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     g.add_argument("--enforce-eager", action="store_true",
                    help="on a GPU, run every step op by op instead of replaying CUDA graphs (default: graphs)")
+    g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                   help="reuse the KV blocks of a prompt prefix seen before (a system prompt, a conversation's "
+                        "earlier turns) instead of computing them again (default: on)")
     g.add_argument("--seed", type=int, default=0,
                    help="engine seed, from which requests without a seed draw theirs (default: %(default)s)")
     g.add_argument("--slo-tpot-ms", type=float, default=None,
@@ -57,4 +60,4 @@ def engine_config_from_args(args):
                         num_threads=args.num_threads, seed=args.seed,
                         speculative_config=args.speculative_config, slo_tpot_ms=args.slo_tpot_ms,
                         slo_ttft_ms=args.slo_ttft_ms, quantization=args.quantization,
-                        enforce_eager=args.enforce_eager)
+                        enforce_eager=args.enforce_eager, enable_prefix_caching=args.enable_prefix_caching)

@@ -73,6 +73,7 @@ class EngineConfig:
     # docs/cpu-kernels.md); "none"/None: dense in `dtype`; "gguf", "q8_0", "q4_0", "q4_1": model/quantize.py
     quantization: str | None = "auto"
     enforce_eager: bool = False  # on a GPU: no CUDA graphs (engine/cuda_graphs.py), every step launched op by op
+    enable_prefix_caching: bool = True  # share the KV blocks of prompt prefixes seen before (block_manager.py)
 
     def __post_init__(self):
         self.speculative_config = SpeculativeConfig.parse(self.speculative_config)

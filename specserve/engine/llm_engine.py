@@ -110,7 +110,8 @@ class LLMEngine:
         if (self.policy is not None and self.policy.uses_cost_model) or config.slo_tpot_ms:
             self.models.profile()  # now, while the KV cache holds no request: the sweep writes into it
         self.executor = Executor(self.runner, self.proposer, self.policy)
-        self.scheduler = Scheduler(BlockManager(num_blocks, config.block_size), config.max_num_seqs,
+        self.scheduler = Scheduler(BlockManager(num_blocks, config.block_size, config.enable_prefix_caching),
+                                   config.max_num_seqs,
                                    config.max_num_batched_tokens, self.max_model_len, k,
                                    step_time=self.models.step_time,
                                    peek=self.proposer.peek if self.proposer is not None else None)
@@ -240,7 +241,8 @@ class LLMEngine:
                           draft_lengths=list(proposal.lengths), t_schedule=times.schedule, t_draft=times.draft,
                           t_forward=times.forward, t_sample=times.sample, t_other=times.update,
                           num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
-                          kv_usage=self.scheduler.blocks.usage)
+                          kv_usage=self.scheduler.blocks.usage, prefix_cache_queries=plan.cache_queries,
+                          prefix_cache_hits=plan.cache_hits)
         outcomes = []
         for i, (s, length) in enumerate(zip(plan.decodes, proposal.lengths)):
             accepted = len(result.committed[i]) - 1

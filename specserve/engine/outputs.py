@@ -50,6 +50,8 @@ class StepStats(SpecStats):
     num_running: int = 0
     num_waiting: int = 0
     kv_usage: float = 0.0
+    prefix_cache_queries: int = 0  # prompt tokens of requests admitted this step, and of those the ones
+    prefix_cache_hits: int = 0     # whose KV the prefix cache held
 
     @property
     def t_total(self) -> float:

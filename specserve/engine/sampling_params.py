@@ -32,6 +32,9 @@ class SamplingParams:
     # waiting requests by their slo_ttft deadline (docs/design.md §3.5).
     slo_tpot: float | None = None
     slo_ttft: float | None = None
+    # Prefix caching: only requests with the same salt share cached KV blocks (vLLM's cache_salt), so that
+    # one tenant cannot learn from another's time to first token which prompts the cache holds.
+    cache_salt: str | None = None
 
     def __post_init__(self):
         if isinstance(self.stop, str):

@@ -23,7 +23,7 @@ from typing import Iterable
 import numpy as np
 
 from specserve.batch import BatchView, DraftOffer, RequestView, ScheduledSeq, StepPlan, StepResult
-from specserve.engine.block_manager import BlockManager
+from specserve.engine.block_manager import BlockManager, block_hash, salt_hash
 from specserve.engine.output_processor import Verdict
 from specserve.engine.sequence import Sequence, Status
 
@@ -169,8 +169,15 @@ class Scheduler:
                     if plan.is_empty:  # nothing else can run: free room, or this loops forever
                         self.preempt(self.running[-1], plan)
                     break
-            elif not self.blocks.can_grow(seq.block_table, seq.num_computed + chunk):
-                break  # new requests wait rather than preempt admitted ones
+            else:
+                self._take_cached_prefix(seq)
+                chunk = min(len(seq.token_ids) - seq.num_computed, budget)
+                if not self.blocks.can_grow(seq.block_table, seq.num_computed + chunk):
+                    self.blocks.free(seq.block_table)
+                    seq.num_computed = seq.num_registered = 0
+                    break  # new requests wait rather than preempt admitted ones
+                plan.cache_queries += len(seq.token_ids) if self.blocks.enable_caching else 0
+                plan.cache_hits += seq.num_computed
             if waiting:
                 self.waiting.remove(seq)
                 seq.status = Status.RUNNING
@@ -181,11 +188,36 @@ class Scheduler:
             plan.prefills.append(ScheduledSeq(seq, chunk))
             budget -= chunk
 
+    def _take_cached_prefix(self, seq: Sequence) -> None:
+        """An admitted request starts after the longest prefix of its tokens whose KV the prefix cache holds
+        (its last token is always computed: its logits are needed)."""
+        if self.blocks.enable_caching:
+            seq.block_table = self.blocks.match(self._hashes(seq, len(seq.token_ids)), len(seq.token_ids))
+            seq.num_computed = len(seq.block_table) * self.blocks.block_size
+            seq.num_registered = len(seq.block_table)
+
+    def _hashes(self, seq: Sequence, num_tokens: int) -> list[bytes]:
+        """The prefix-cache hashes of the full blocks within the first num_tokens tokens (computed once)."""
+        size, hashes = self.blocks.block_size, seq.block_hashes
+        for i in range(len(hashes), num_tokens // size):
+            hashes.append(block_hash(hashes[-1] if hashes else salt_hash(seq.params.cache_salt),
+                                     seq.token_ids[i * size:(i + 1) * size]))
+        return hashes
+
+    def _cache_full_blocks(self, seq: Sequence, num_final: int) -> None:
+        """Register the blocks whose positions all hold final KV (the first num_final tokens')."""
+        full = num_final // self.blocks.block_size
+        if self.blocks.enable_caching and full > seq.num_registered:
+            hashes = self._hashes(seq, num_final)
+            for i in range(seq.num_registered, full):
+                self.blocks.register(seq.block_table[i], hashes[i])
+            seq.num_registered = full
+
     def preempt(self, seq: Sequence, plan: StepPlan | None = None) -> None:
         """Recompute-style preemption: drop the KV, keep the tokens, requeue at the front."""
         self.running.remove(seq)
         self.blocks.free(seq.block_table)
-        seq.num_computed = 0
+        seq.num_computed = seq.num_registered = 0
         seq.status = Status.WAITING
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
@@ -202,6 +234,7 @@ class Scheduler:
         slots. Returns (seq, new tokens, their logprobs) per sampling row."""
         for s in plan.prefills:
             s.seq.num_computed += s.num_tokens  # a completing chunk is overwritten below
+            self._cache_full_blocks(s.seq, s.seq.num_computed)
         now = time.monotonic()
         committed = []
         drafted = result.proposal.lengths + [0] * (len(result.sampling) - len(result.proposal.lengths))
@@ -216,6 +249,8 @@ class Scheduler:
             seq.append(new, logprobs)
             if seq.first_token_time is None:
                 seq.first_token_time = now
+            # KV is final for every committed token but the last (accepted drafts included): shareable
+            self._cache_full_blocks(seq, len(seq.token_ids) - 1)
             if verdict.finish_reason is not None:
                 seq.status, seq.finished_time = Status.FINISHED, now
                 seq.finish_reason, seq.stop_reason = verdict.finish_reason, verdict.stop_reason

@@ -59,6 +59,8 @@ class Sequence:
         self.status = Status.WAITING
         self.block_table: list[int] = []
         self.num_computed = 0  # tokens whose target KV is in the cache (a proposer tracks its own cache)
+        self.block_hashes: list[bytes] = []  # prefix-cache hashes of the full blocks of token_ids, so far
+        self.num_registered = 0  # leading blocks of block_table offered to the prefix cache
         # Sampled requests draw from their own generator, on the device whose probabilities it samples.
         self.generator = None if params.greedy else make_generator(
             params.seed if params.seed is not None else int(torch.randint(2**62, ())), device)

@@ -38,6 +38,10 @@ class ServerMetrics:
         self.generation_tokens = Counter(P + "generation_tokens", "Generated tokens", m, registry=r)
         self.preemptions = Counter(P + "num_preemptions", "Requests preempted (KV dropped, recomputed later)",
                                    m, registry=r)
+        self.cache_queries = Counter(P + "prefix_cache_queries", "Prefix cache queries, in prompt tokens of "
+                                     "admitted requests", m, registry=r)
+        self.cache_hits = Counter(P + "prefix_cache_hits", "Prefix cache hits, in prompt tokens whose KV the "
+                                  "cache held", m, registry=r)
         self.restarts = Counter(P + "engine_restarts", "Engine processes started after the engine died or hung",
                                 m, registry=r)
         for name, doc, read in (
@@ -96,7 +100,8 @@ class ServerMetrics:
             ("num_draft_tokens", "spec_decode_num_draft_tokens by draft"),
             ("num_accepted_tokens", "spec_decode_num_accepted_tokens by draft")))
         # Create every series now, so a scraper sees 0 rather than no series before the first event.
-        for metric in (self.prompt_tokens, self.generation_tokens, self.preemptions, self.restarts, self.ttft,
+        for metric in (self.prompt_tokens, self.generation_tokens, self.preemptions, self.restarts,
+                       self.cache_queries, self.cache_hits, self.ttft,
                        self.tpot, self.itl, self.e2e, self.queue, self.spec_drafts, self.spec_draft_tokens,
                        self.spec_accepted, self.draft_length, self.step_draft_length):
             metric.labels(model_name)
@@ -127,6 +132,9 @@ class ServerMetrics:
         model = self._model
         if s.num_preempted:
             self.preemptions.labels(model).inc(s.num_preempted)
+        if s.prefix_cache_queries:
+            self.cache_queries.labels(model).inc(s.prefix_cache_queries)
+            self.cache_hits.labels(model).inc(s.prefix_cache_hits)
         if s.num_drafts:
             self.spec_drafts.labels(model).inc(s.num_drafts)
             self.spec_draft_tokens.labels(model).inc(s.num_draft_tokens)

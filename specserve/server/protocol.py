@@ -161,6 +161,7 @@ class _SamplingRequest(_Open):
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool | None = True
     repetition_penalty: float | None = None
+    cache_salt: str | None = Field(None, min_length=1)  # only requests with the same salt share cached prefixes
     # specserve's extensions: this request's objectives in milliseconds (docs/design.md §3.5)
     slo_tpot_ms: float | None = None
     slo_ttft_ms: float | None = None
@@ -210,7 +211,7 @@ class _SamplingRequest(_Open):
             ignore_eos=bool(self.ignore_eos), min_tokens=self.min_tokens or 0, logprobs=logprobs,
             skip_special_tokens=self.skip_special_tokens is not False,
             slo_tpot=None if self.slo_tpot_ms is None else self.slo_tpot_ms / 1000,
-            slo_ttft=None if self.slo_ttft_ms is None else self.slo_ttft_ms / 1000)
+            slo_ttft=None if self.slo_ttft_ms is None else self.slo_ttft_ms / 1000, cache_salt=self.cache_salt)
 
 
 class CompletionRequest(_SamplingRequest):

@@ -8,7 +8,7 @@ import torch
 from specserve.errors import SpecServeError
 from specserve.model.loader import LoadedModel, load_model
 from specserve.spec_decode.config import NGRAM, SpeculativeConfig
-from specserve.spec_decode.eagle import EagleProposer
+from specserve.spec_decode.eagle import EagleProposer, TargetFeatures
 from specserve.spec_decode.proposer import DraftModelProposer, Drafter, NgramProposer
 from specserve.spec_decode.router import RoutedProposer
 
@@ -64,21 +64,26 @@ def draft_names(drafts: list[LoadedModel]) -> list[str]:
 
 
 def build_proposer(spec: SpeculativeConfig, drafts: list[LoadedModel], target: LoadedModel, make_runner,
-                   names: list[str] | None = None):
-    """make_runner(model) -> the runner that drafts with `model` over the engine's block tables."""
+                   names: list[str] | None = None, features: TargetFeatures | None = None):
+    """make_runner(model) -> the runner that drafts with `model` over the engine's block tables; `features`:
+    the target's hidden states that EAGLE drafts read (one store for all of them, made here if None)."""
     device = target.model.embed_tokens.weight.device
     if spec.method == NGRAM:
         return NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max, device)
     names = names or draft_names(drafts)
     if len(drafts) > 1:
         vocab = target.config.vocab_size
-        return RoutedProposer([build_proposer(spec, [d], target, make_runner, [name]) for d, name in zip(drafts, names)],
+        proposers = []
+        for d, name in zip(drafts, names):
+            proposers.append(build_proposer(spec, [d], target, make_runner, [name], features))
+            features = getattr(proposers[-1], "features", features)  # EAGLE drafts share the first one's
+        return RoutedProposer(proposers,
                               [load_vocab_map(d, vocab) for d in drafts], vocab, names)
     draft = drafts[0]
     lookup = NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max, device) if spec.ngram_first else None
     drafter = Drafter(make_runner(draft.model), target.config.vocab_size,
                       load_vocab_map(draft, target.config.vocab_size), names[0], lookup)
-    return EagleProposer(drafter) if draft.config.eagle else DraftModelProposer(drafter)
+    return EagleProposer(drafter, features) if draft.config.eagle else DraftModelProposer(drafter)
 
 
 def draft_runners(proposer) -> dict:

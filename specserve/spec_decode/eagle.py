@@ -2,7 +2,7 @@
 
 Row j of the draft reads token j and f_{j-1}, the target's hidden state at position j-1. The target
 computes f for every position it runs (prefill chunks, verified tokens); the engine hands over the rows of
-committed positions (`observe_target`) and they wait in a per-request buffer until the draft consumes
+committed positions (`observe_target`), stored by KV cache slot (`TargetFeatures`) until the draft reads
 them. Drafting step 1 ends at the last committed token, whose row reads a real f; later steps read the
 draft's own prediction f̂. Rows made from f̂ are provisional: after verification the draft cache is rolled
 back to the last position computed from real features, and the accepted tokens are redone next time from
@@ -10,52 +10,48 @@ the target's f (one extra row per accepted token, in the same batched forward).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from specserve.batch import ScheduledSeq
 from specserve.spec_decode.proposer import Drafter
 
 
-@dataclass(slots=True)
-class FeatureBuffer:
-    """Target hidden states of positions start .. end - 1, in storage that grows by doubling: a request
-    that drafts rarely keeps every committed position's row until it drafts, and a copy of all of them
-    at every step would cost O(length) per step."""
-    start: int
-    storage: torch.Tensor  # [capacity, hidden]
-    size: int = 0
+class TargetFeatures:
+    """The target's final hidden state of every computed position, kept like its KV: one row per cache slot
+    (block * block_size + offset), written as the target computes the position and valid as long as the
+    block holds it. A request that drafts rarely costs no copying, and a prompt prefix taken from the prefix
+    cache brings its positions' features along with their KV. One store serves every EAGLE draft of the
+    engine (they read the same target); rows are allocated at the first write, in the target's dtype."""
 
-    @property
-    def end(self) -> int:
-        return self.start + self.size
+    def __init__(self, num_blocks: int, block_size: int):
+        self.num_slots, self.block_size = num_blocks * block_size, block_size
+        self.rows: torch.Tensor | None = None  # [slots, hidden]
 
-    def write(self, start: int, rows: torch.Tensor) -> None:
-        """Rows of positions start .. start + n - 1, start in [self.start, self.end]: later rows are dropped."""
-        at, need = start - self.start, start - self.start + len(rows)
-        if need > len(self.storage):
-            grown = self.storage.new_empty(max(need, 2 * len(self.storage)), self.storage.shape[1])
-            grown[:at] = self.storage[:at]
-            self.storage = grown
-        self.storage[at:need] = rows
-        self.size = need
+    def slots(self, block_table: list[int], first: int, last: int) -> torch.Tensor:
+        positions = torch.arange(first, last + 1)
+        table = torch.tensor(block_table, dtype=torch.long)
+        return (table[positions // self.block_size] * self.block_size + positions % self.block_size).to(
+            self.rows.device)
 
-    def take(self, first: int, last: int) -> torch.Tensor:
-        """A copy of the rows of positions first .. last; the buffer then starts empty at last + 1."""
-        rows = self.storage[first - self.start:last + 1 - self.start].clone()
-        self.start, self.size = last + 1, 0
-        return rows
+    def write(self, block_table: list[int], start: int, rows: torch.Tensor) -> None:
+        if not len(rows):
+            return
+        if self.rows is None:
+            self.rows = rows.new_zeros(self.num_slots, rows.shape[1])
+        self.rows[self.slots(block_table, start, start + len(rows) - 1)] = rows.to(self.rows.dtype)
+
+    def read(self, block_table: list[int], first: int, last: int) -> torch.Tensor:
+        return self.rows[self.slots(block_table, first, last)]
 
 
 class EagleProposer:
     has_cache = False          # no draft prefill alongside the target's: it needs the target's features
     reads_target_hidden = True
 
-    def __init__(self, drafter: Drafter):
+    def __init__(self, drafter: Drafter, features: TargetFeatures | None = None):
         self.drafter = drafter
         self.runner, self.lookup, self.peek = drafter.runner, drafter.lookup, drafter.peek
-        self.features: dict[str, FeatureBuffer] = {}  # request id -> target features not yet drafted from
+        self.features = features or TargetFeatures(drafter.runner.num_blocks, drafter.runner.block_size)
 
     def propose(self, prefills: list[ScheduledSeq], decodes: list[ScheduledSeq], confidences=False):
         # Prompt rows need the target's features: they ride in the request's first drafting forward.
@@ -63,17 +59,12 @@ class EagleProposer:
 
     def observe_target(self, seq, start: int, rows: torch.Tensor) -> None:
         """The target's hidden states [n, hidden] of committed positions start .. start + n - 1."""
-        buf = self.features.get(seq.request_id)
-        if buf is None or not buf.start <= start <= buf.end:  # first rows, or a recompute after preemption
-            buf = self.features[seq.request_id] = FeatureBuffer(start, rows.new_empty(len(rows), rows.shape[1]))
-        buf.write(start, rows)
+        self.features.write(seq.block_table, start, rows)
 
     def _pending_features(self, seq) -> torch.Tensor:
         """f_{j-1} for every draft row j from the draft cache's end to the last token (zeros before position 0)."""
         first, last = self.drafter.computed.get(seq.request_id, 0) - 1, len(seq.token_ids) - 2
-        buf = self.features[seq.request_id]
-        assert buf.start <= max(first, 0) and last < buf.end, "EAGLE draft is missing target features"
-        rows = buf.take(max(first, 0), last)  # consumed: the next rows start at len - 1
+        rows = self.features.read(seq.block_table, max(first, 0), last)
         if first < 0:
             rows = torch.cat([rows.new_zeros(1, rows.shape[1]), rows])
         return rows
@@ -86,8 +77,6 @@ class EagleProposer:
 
     def reset(self, request_id: str) -> None:
         self.drafter.reset(request_id)
-        self.features.pop(request_id, None)
 
     def free(self, request_id: str) -> None:
-        self.reset(request_id)
         self.drafter.free(request_id)

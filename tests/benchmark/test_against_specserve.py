@@ -30,3 +30,23 @@ def test_bench_run_and_report_against_a_real_specserve_server(tmp_path, tiny_tar
         assert len(list((tmp_path / "report").glob("*.png"))) >= 2
     finally:
         server.stop()
+
+
+def test_multi_turn_conversations_resend_their_history_and_hit_the_prefix_cache(tmp_path, tiny_target):
+    server = ServerProcess(["--model", str(tiny_target), "--dtype", "float32", "--kv-cache-memory", SMALL_KV],
+                           tmp_path / "server.log")
+    try:
+        results = tmp_path / "runs.jsonl"
+        code = main(["bench", "--base-url", server.root, "--turns", "3", "--think-time", "0.01",
+                     "--request-rate", "8", "--max-requests", "4", "--output-len", "8", "--results", str(results),
+                     "--no-progress"])
+        assert code == 0
+        record = json.loads(results.read_text().splitlines()[-1])
+        assert record["endpoint"] == "chat" and record["num_completed"] == 12
+        turns = record["turns"]
+        assert [t["turn"] for t in turns] == [1, 2, 3] and all(t["requests"] == 4 for t in turns)
+        # each turn carries the previous ones, the model's 8-token replies included
+        assert turns[0]["mean_prompt_tokens"] + 8 < turns[1]["mean_prompt_tokens"] < turns[2]["mean_prompt_tokens"]
+        assert record["prefix_cache_hit_rate"] > 0.3
+    finally:
+        server.stop()

@@ -181,6 +181,25 @@ def test_models_health_and_unknown_model(client, spec_server):
     assert httpx.get(spec_server.root + "/health").json() == {"status": "ok"}
 
 
+def test_a_repeated_system_prompt_comes_from_the_prefix_cache_within_its_salt(client, spec_server):
+    system = {"role": "system", "content": "You answer in one short sentence. " * 12}
+
+    def hits(question: str, **extra) -> tuple[float, float]:
+        before = parse_prometheus(httpx.get(spec_server.root + "/metrics").text)
+        client.chat.completions.create(model=MODEL, messages=[system, {"role": "user", "content": question}],
+                                       max_tokens=2, temperature=0, extra_body=extra)
+        after = parse_prometheus(httpx.get(spec_server.root + "/metrics").text)
+        return (after["prefix_cache_hits"] - before["prefix_cache_hits"],
+                after["prefix_cache_queries"] - before["prefix_cache_queries"])
+
+    hits("Why is the sky blue?", cache_salt="tenant-a")
+    found, asked = hits("What is a CPU?", cache_salt="tenant-a")
+    assert asked > 100 and found >= 96  # the system prompt's full blocks, at least
+    assert hits("What is a CPU?", cache_salt="tenant-b")[0] == 0  # another tenant's cache is not its own
+    with pytest.raises(openai.BadRequestError):
+        hits("What is a CPU?", cache_salt="")
+
+
 def test_metrics_expose_vllm_style_names_and_match_responses(client, spec_server):
     before = parse_prometheus(httpx.get(spec_server.root + "/metrics").text)
     per_response = [client.completions.create(model=MODEL, prompt=f"metrics {i}", max_tokens=20, temperature=0,
@@ -199,7 +218,8 @@ def test_metrics_expose_vllm_style_names_and_match_responses(client, spec_server
                  "inter_token_latency_seconds_bucket{", "e2e_request_latency_seconds_bucket{",
                  "request_queue_time_seconds_bucket{", "prompt_tokens_total{", "generation_tokens_total{",
                  "spec_decode_num_accepted_tokens_per_pos_total{", "spec_decode_draft_length_bucket{",
-                 "spec_decode_step_draft_length_bucket{", "num_preemptions_total{"):
+                 "spec_decode_step_draft_length_bucket{", "num_preemptions_total{", "prefix_cache_queries_total{",
+                 "prefix_cache_hits_total{"):
         assert "specserve:" + name in text, name
     assert 'position="0"' in text and 'finished_reason="length"' in text
     assert "_created" not in text

@@ -9,9 +9,12 @@ from specserve.spec_decode.eagle import EagleProposer
 from tests.spec_decode.test_speculative_engine import prompts
 
 
-@pytest.mark.parametrize("small_kv", [False, True])
+@pytest.mark.parametrize("small_kv,shared", [(False, False), (True, False), (False, True), (True, True)])
 def test_draft_rows_read_the_targets_hidden_state_of_the_previous_position(tiny_target, tiny_eagle, small_kv,
-                                                                           monkeypatch):
+                                                                           shared, monkeypatch):
+    """`shared`: prompts that share prefixes, so that later ones take the earlier ones' blocks from the
+    prefix cache and their features with them."""
+    from tests.engine.test_prefix_caching import conversations
     from specserve.distill.student import causal_forward
     seen = []  # (tokens so far, first position read, rows read)
     pending = EagleProposer._pending_features
@@ -23,12 +26,16 @@ def test_draft_rows_read_the_targets_hidden_state_of_the_previous_position(tiny_
         return rows
 
     monkeypatch.setattr(EagleProposer, "_pending_features", recording)
-    kw = dict(num_kv_blocks=40, block_size=4, max_model_len=96, max_num_seqs=16) if small_kv else {}
+    kw = dict(num_kv_blocks=40, block_size=4, max_model_len=128, max_num_seqs=16) if small_kv else {}
     llm = LLM(model=str(tiny_target), dtype="float32", max_num_batched_tokens=32,  # chunked prefill
               speculative_config={"method": "eagle", "model": str(tiny_eagle), "num_speculative_tokens": 4}, **kw)
-    outs = llm.generate(prompts(40, seed=3), SamplingParams(max_tokens=24, temperature=0, ignore_eos=True))
+    hits = []
+    llm.engine.step = lambda step=llm.engine.step: (step(), hits.append(llm.engine.last_stats.prefix_cache_hits))[0]
+    outs = llm.generate(conversations(40, seed=3) if shared else prompts(40, seed=3),
+                        SamplingParams(max_tokens=24, temperature=0, ignore_eos=True))
     if small_kv:
         assert llm.engine.scheduler.num_preemptions > 0
+    assert sum(hits) > 0 or not (shared or small_kv)  # a preempted request finds its own blocks again
     assert sum(o.spec["num_accepted_tokens"] for o in outs) > 50 and len(seen) > 100
     target = llm.engine.runner.model
     device = target.embed_tokens.weight.device
