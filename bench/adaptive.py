@@ -136,6 +136,9 @@ def replay(llm, texts, times, params, streams) -> dict:
     """Submit each prompt at its arrival time (real time) and step the engine; latencies, overall and per
     stream (`mean_e2e_code`, ... when the run mixes streams)."""
     engine = llm.engine
+    # Every run replays prompts that earlier runs (other policies, other levels) sent too: it starts with an
+    # empty prefix cache, so that only its own requests share prefixes (the chat template's system prompt).
+    engine.reset_prefix_cache()
     start, i, n, done = time.monotonic(), 0, len(texts), {}
     lengths, steps, predicted, measured = [], 0, [], []
     prefill_s = prefill_tokens = 0.0  # prefill-only steps: the same work under every policy, so a speed gauge

@@ -38,6 +38,7 @@ def replay_steps(llm, texts, times, params) -> dict:
     """adaptive.replay's arrivals, but summing each step's stats by kind of step."""
     import time
     engine = llm.engine
+    engine.reset_prefix_cache()  # as adaptive.replay: each run's own prefixes only
     start, i, n, done = time.monotonic(), 0, len(texts), {}
     kinds: dict[str, dict] = {}
     ratio, planned = [], []  # planned: (drafted, rows, committed, measured s, predicted s, planned tokens, plain s)

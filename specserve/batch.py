@@ -180,3 +180,4 @@ class StepResult:
     times: PhaseTimes
     forward_kv: int                        # KV tokens the target forward's attention read (all its rows)
     confidences: list[list[float]] | None = None  # per decode, if the policy asked
+    top_logprobs: list | None = None       # per request: [(token, log-probability)] of each committed token, if asked

@@ -76,3 +76,27 @@ def exponentials(generators: list[torch.Generator], size: int, device, dtype=tor
 def race(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     """The exponential race: argmax of p / E with E ~ Exp(1) picks token i with probability p_i. [N]"""
     return (probs / noise).argmax(dim=-1)
+
+
+def penalize(logits: torch.Tensor, params, prompt: list[int], output: list[int], drafts: torch.Tensor | None
+             ) -> torch.Tensor:
+    """vLLM's penalties on one request's rows [n, V] (n = its drafts + 1), a new tensor: row j predicts the
+    token after the output so far and drafts[:j], which count as output there (a verify row must be
+    penalised as plain decoding would have penalised that position). presence and frequency penalties
+    subtract per token in the output (once, or per occurrence); a repetition penalty divides a positive
+    logit (multiplies a negative one) of every token seen in the prompt or the output."""
+    n, vocab = logits.shape
+    device = logits.device
+    counts = torch.zeros(n, vocab, device=device)
+    if output:
+        counts += torch.bincount(torch.tensor(output, dtype=torch.long, device=device), minlength=vocab)[:vocab]
+    if drafts is not None and n > 1:
+        seen = torch.zeros(n - 1, vocab, device=device).scatter_(1, drafts[:n - 1, None], 1.0)
+        counts[1:] += seen.cumsum(0)
+    out = logits - params.frequency_penalty * counts - params.presence_penalty * (counts > 0)
+    if params.repetition_penalty != 1.0:
+        seen = counts > 0
+        seen[:, torch.tensor(prompt, dtype=torch.long, device=device)] = True
+        r = params.repetition_penalty
+        out = torch.where(seen, torch.where(out > 0, out / r, out * r), out)
+    return out

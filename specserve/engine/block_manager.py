@@ -94,6 +94,12 @@ class BlockManager:
                 taken.append(block)
         return taken
 
+    def reset_cache(self) -> None:
+        """Forget every cached prefix (vLLM's reset_prefix_cache): blocks in use keep their content but are
+        no longer shared with later requests."""
+        self.cached.clear()
+        self.hash_of.clear()
+
     def register(self, block: int, h: bytes) -> None:
         """The block's positions all hold final KV for the tokens `h` hashes: later prompts may share it.
         (Content already cached in another block stays there: this one remains private.)"""

@@ -60,7 +60,7 @@ class Executor:
         logits, hidden = self.runner.forward(items, all_hidden=bool(self.hidden_taps), device_ids=draft_ids)
         t2 = time.perf_counter()
         clock.mark()
-        committed, logprobs, confidences = self.sampler(logits, sampling, proposal)
+        committed, logprobs, confidences, top_logprobs = self.sampler(logits, sampling, proposal)
         if self.hidden_taps:
             self._tap(items, owners, committed[:len(plan.decodes)], hidden)
         times.draft, times.forward, times.sample = t1 - t0, t2 - t1, time.perf_counter() - t2
@@ -69,7 +69,7 @@ class Executor:
             times.draft, times.forward = device_draft, device_forward
             times.sample = max(0.0, time.perf_counter() - t0 - device_draft - device_forward)
         return StepResult(sampling, committed, logprobs, proposal, times, sum(it.ctx_len for it in items),
-                          confidences)
+                          confidences, top_logprobs)
 
     def propose(self, plan: StepPlan) -> Proposal:
         """Drafts for the plan's decodes, each exactly as long as planned (or its lookup hit)."""

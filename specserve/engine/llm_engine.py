@@ -168,6 +168,10 @@ class LLMEngine:
         self._aborted.append(self._output(seq, [], None))
         self._free(seq)
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prompt prefix (benchmarks that replay the same prompts start each run cold)."""
+        self.scheduler.blocks.reset_cache()
+
     def has_unfinished(self) -> bool:
         return bool(self.requests) or bool(self._aborted)
 
@@ -223,10 +227,10 @@ class LLMEngine:
         t2 = time.perf_counter()
         verdicts = [self.outputs.check(s.seq, tokens) for s, tokens in zip(result.sampling, result.committed)]
         committed = self.scheduler.update(plan, result, verdicts)
-        for seq, new, logprobs in committed:
+        for seq, new, logprobs, top in committed:
             if seq.status != Status.FINISHED and self.proposer is not None:
                 self.proposer.on_commit(seq, len(new))
-            outputs.append(self._output(seq, new, logprobs))
+            outputs.append(self._output(seq, new, logprobs, top))
             if seq.status == Status.FINISHED:
                 self._free(seq)
         result.times.schedule, result.times.update = t1 - t0, time.perf_counter() - t2
@@ -260,15 +264,16 @@ class LLMEngine:
             self.policy.observe(feedback)
         self.last_stats = stats
 
-    def _output(self, seq: Sequence, new: list[int], logprobs: list[float] | None) -> RequestOutput:
+    def _output(self, seq: Sequence, new: list[int], logprobs: list[float] | None, top=None) -> RequestOutput:
         finished = seq.status == Status.FINISHED
         out = RequestOutput(seq.request_id, new, self.outputs.take_new_text(seq.request_id, finished), logprobs,
                             finished, seq.num_prompt_tokens, seq.num_output_tokens, seq.finish_reason,
-                            seq.stop_reason)
+                            seq.stop_reason, delta_top_logprobs=top)
         if finished:
             out.prompt, out.prompt_token_ids = seq.prompt, seq.token_ids[:seq.num_prompt_tokens]
             out.text, out.token_ids = self.outputs.text(seq.request_id), seq.output_token_ids
             out.logprobs = list(seq.logprobs) if seq.params.logprobs else None
+            out.top_logprobs = list(seq.top_logprobs) if seq.params.top_logprobs else None
             out.spec = seq.spec.as_dict()
             if self.draft_names and (draft := self.proposer.draft_of(seq.request_id)) is not None:
                 out.spec["draft"] = draft  # several drafts: say which one served the request

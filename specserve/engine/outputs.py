@@ -19,12 +19,15 @@ class RequestOutput:
     num_output_tokens: int         # generated so far, this step's included
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     stop_reason: str | int | None = None  # the stop string or stop token id that ended the request
+    # the params.top_logprobs most likely (token id, raw log-probability) at each delta token's position
+    delta_top_logprobs: list[list[tuple[int, float]]] | None = None
     # Totals, set on the final output only:
     prompt: str | None = None
     prompt_token_ids: list[int] | None = None
     text: str | None = None        # all generated text (stop string excluded)
     token_ids: list[int] | None = None  # all generated tokens
     logprobs: list[float] | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
     spec: dict | None = None       # speculation stats of this request (SpecStats.as_dict(), plus "draft")
     metrics: dict | None = None    # arrival, first scheduled, first token, finished (monotonic seconds)
 

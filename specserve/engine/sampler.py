@@ -14,16 +14,19 @@ import torch
 from specserve.batch import Proposal, ScheduledSeq
 from specserve.device_sync import to_host
 from specserve.model.kernels import argmax_rows
-from specserve.sampling import RowParams, process, to_probs  # noqa: F401  (to_probs: the processing API)
+from specserve.sampling import RowParams, penalize, process, to_probs  # noqa: F401  (to_probs: the processing API)
 from specserve.spec_decode.rejection_sampler import PLACEHOLDER, rejection_sample
 
 
 class Sampler:
     def __call__(self, logits: torch.Tensor, sampling: list[ScheduledSeq], proposal: Proposal
-                 ) -> tuple[list[list[int]], list[list[float] | None], list[list[float]] | None]:
+                 ) -> tuple[list[list[int]], list[list[float] | None], list[list[float]] | None, list | None]:
         """logits [T, V] float32 of the sampling rows; `sampling`: decodes (proposal.lengths[i] drafts each)
         then prefills that complete their prompt (no drafts). Returns per request the committed tokens,
-        their raw log-probabilities (None unless asked) and, per decode, the draft's confidences (if any)."""
+        their raw log-probabilities (None unless asked); per decode, the draft's confidences (if any); and per
+        request the top_logprobs most likely (token, raw log-probability) at each committed position (None
+        unless asked; None for the whole step if no request asked). Every one is read from the target's
+        distribution at the token's own position, the verify row: the same with and without drafts."""
         device, vocab = logits.device, logits.shape[-1]
         lengths = proposal.lengths + [0] * (len(sampling) - len(proposal.lengths))
         k = max(lengths, default=0)
@@ -31,6 +34,7 @@ class Sampler:
         for length in lengths:
             starts.append(row)
             row += length + 1
+        raw, logits = logits, _penalized(logits, sampling, proposal, starts, lengths)
         argmax = argmax_rows(logits)
         if all(s.seq.params.greedy and not s.seq.params.logprobs for s in sampling):
             return _greedy(argmax, proposal, lengths, starts)
@@ -51,22 +55,24 @@ class Sampler:
                 gens = [sampling[i].seq.generator for i in group]
             out = rejection_sample(argmax[rows], p, drafts, q, [lengths[i] for i in group], gens)
             committed[_index(group, device), :out.shape[1]] = out
-        logprobs = _logprobs(logits, committed, sampling, starts, lengths)
-        host = to_host(committed, logprobs, proposal.confidences)
+        logprobs, top_ids, top_lps = _logprobs(raw, committed, sampling, starts, lengths)
+        host = to_host(committed, logprobs, proposal.confidences, top_ids, top_lps)
         tokens = [[t for t in r if t != PLACEHOLDER] for r in host[0]]
         lps: list[list[float] | None] = [None] * len(sampling)
-        if host[1] is not None:
-            wanted = [i for i, s in enumerate(sampling) if s.seq.params.logprobs]
-            for i, r in zip(wanted, host[1]):
-                lps[i] = r[:len(tokens[i])]
+        tops: list | None = None if host[3] is None else [None] * len(sampling)
+        wanted = [i for i, s in enumerate(sampling) if s.seq.params.logprobs]
+        for r, i in enumerate(wanted):
+            lps[i] = host[1][r][:len(tokens[i])]
+            if n := sampling[i].seq.params.top_logprobs:
+                tops[i] = [list(zip(ids[:n], values[:n])) for ids, values in zip(host[3][r], host[4][r])][:len(tokens[i])]
         confidences = None
         if host[2] is not None:
             confidences = [r[:length] for r, length in zip(host[2], proposal.lengths)]
-        return tokens, lps, confidences
+        return tokens, lps, confidences, tops
 
 
 def _greedy(argmax: torch.Tensor, proposal: Proposal, lengths: list[int], starts: list[int]
-            ) -> tuple[list[list[int]], list[None], list[list[float]] | None]:
+            ) -> tuple[list[list[int]], list[None], list[list[float]] | None, None]:
     """Every request greedy, none asking for logprobs (plain decoding's usual step): the target's argmax
     rows and the drafts cross in the step's one transfer, and acceptance (drafts equal to the argmax, then
     the argmax) is a few list comparisons on the host instead of ~20 small tensor ops (~1 ms a step on the
@@ -80,7 +86,23 @@ def _greedy(argmax: torch.Tensor, proposal: Proposal, lengths: list[int], starts
         tokens.append([*drafts[i][:n], argmax_rows[start + n]] if n else [argmax_rows[start]])
     if confidences is not None:
         confidences = [r[:length] for r, length in zip(confidences, proposal.lengths)]
-    return tokens, [None] * len(lengths), confidences
+    return tokens, [None] * len(lengths), confidences, None
+
+
+def _penalized(logits: torch.Tensor, sampling: list[ScheduledSeq], proposal: Proposal, starts: list[int],
+               lengths: list[int]) -> torch.Tensor:
+    """The logits with each penalised request's rows penalised (sampling.penalize); the same tensor when no
+    request asks for a penalty. Log-probabilities stay the raw logits' (vLLM's default)."""
+    wanted = [i for i, s in enumerate(sampling) if s.seq.params.penalized]
+    if not wanted:
+        return logits
+    logits = logits.clone()
+    for i in wanted:
+        seq, rows = sampling[i].seq, slice(starts[i], starts[i] + lengths[i] + 1)
+        drafts = proposal.token_ids[i] if i < len(proposal.lengths) and lengths[i] else None
+        logits[rows] = penalize(logits[rows], seq.params, seq.token_ids[:seq.num_prompt_tokens],
+                                seq.output_token_ids, drafts)
+    return logits
 
 
 def _index(values: list[int], device) -> torch.Tensor:
@@ -95,14 +117,22 @@ def _draft_probs(proposal: Proposal, cells: list[tuple[int, int]], device) -> to
     return proposal.probs[_index([where[i] for i, _ in cells], device), _index([j for _, j in cells], device)]
 
 
-def _logprobs(logits, committed, sampling, starts, lengths) -> torch.Tensor | None:
-    """[R, K + 1] raw log-probability of each committed token of the R requests that asked (else None)."""
+def _logprobs(logits, committed, sampling, starts, lengths):
+    """For the R requests that asked: [R, K + 1] raw log-probability of each committed token, and the N most
+    likely tokens at each of those positions, ids and log-probabilities [R, K + 1, N] (N: the most any of
+    them asked for; None where none did). All None when no request asked."""
     wanted = [i for i, s in enumerate(sampling) if s.seq.params.logprobs]
     if not wanted:
-        return None
+        return None, None, None
     k = committed.shape[1] - 1
     device = logits.device
     # Row of each (request, slot); slots past a request's verify rows repeat its last row (sliced away later).
     rows = _index([starts[i] + min(j, lengths[i]) for i in wanted for j in range(k + 1)], device)
     tokens = committed[_index(wanted, device)].clamp_min(0).view(-1, 1)
-    return torch.log_softmax(logits[rows], dim=-1).gather(1, tokens).view(len(wanted), k + 1)
+    lsm = torch.log_softmax(logits[rows], dim=-1)
+    chosen = lsm.gather(1, tokens).view(len(wanted), k + 1)
+    n = max(sampling[i].seq.params.top_logprobs for i in wanted)
+    if not n:
+        return chosen, None, None
+    top = lsm.topk(n, dim=-1)
+    return chosen, top.indices.view(len(wanted), k + 1, n), top.values.view(len(wanted), k + 1, n)

@@ -12,6 +12,8 @@ GREEDY_TEMPERATURE = 1e-5
 # top_k beyond the vocabulary means "all tokens"; LLMEngine.prepare clamps it to the model's vocabulary.
 # This bound only keeps the value representable as an int64 tensor element.
 MAX_TOP_K = (1 << 63) - 1
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top_logprobs (vLLM's default --max-logprobs)
+MAX_REPETITION_PENALTY = 10.0  # a bound that keeps logits finite: anything beyond bans the token already
 
 
 @dataclass(slots=True)
@@ -26,6 +28,11 @@ class SamplingParams:
     ignore_eos: bool = False
     min_tokens: int = 0
     logprobs: bool = False  # return the log-probability of each chosen token
+    top_logprobs: int = 0   # and of the most likely tokens at each position, this many (needs logprobs)
+    # vLLM's penalties (sampling.penalize): presence and frequency on the output, repetition on prompt and output
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
     skip_special_tokens: bool = True
     # Service-level objectives of this request, in seconds (None: the server's default, if any): the
     # speculation policy keeps the predicted time per output token under slo_tpot, the scheduler admits
@@ -54,12 +61,24 @@ class SamplingParams:
              f"seed must be an integer in [{SEED_MIN}, {SEED_MAX}] (a signed 64-bit integer), got {self.seed}"),
             (0 <= self.min_tokens <= self.max_tokens,
              f"min_tokens must be in [0, max_tokens], got {self.min_tokens}"),
+            (0 <= self.top_logprobs <= MAX_TOP_LOGPROBS,
+             f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}"),
+            (not self.top_logprobs or self.logprobs, "top_logprobs needs logprobs"),
+            (-2 <= self.presence_penalty <= 2, f"presence_penalty must be in [-2, 2], got {self.presence_penalty}"),
+            (-2 <= self.frequency_penalty <= 2,
+             f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}"),
+            (0 < self.repetition_penalty <= MAX_REPETITION_PENALTY,
+             f"repetition_penalty must be in (0, {MAX_REPETITION_PENALTY:g}], got {self.repetition_penalty}"),
             (self.slo_tpot is None or self.slo_tpot > 0, f"the TPOT SLO must be positive, got {self.slo_tpot}"),
             (self.slo_ttft is None or self.slo_ttft > 0, f"the TTFT SLO must be positive, got {self.slo_ttft}"),
         ]
         for ok, message in checks:
             if not ok:
                 raise InvalidRequestError(message)
+
+    @property
+    def penalized(self) -> bool:
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
 
     @property
     def greedy(self) -> bool:

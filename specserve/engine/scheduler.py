@@ -231,22 +231,24 @@ class Scheduler:
                verdicts: list[Verdict]) -> list[tuple[Sequence, list[int], list | None]]:
         """Commit each sampling row's tokens as far as its verdict says (the output processor found where it
         stops), count its draft's acceptance, advance prefill chunks, finish requests, release rejected draft
-        slots. Returns (seq, new tokens, their logprobs) per sampling row."""
+        slots. Returns (seq, new tokens, their logprobs, their top logprobs) per sampling row."""
         for s in plan.prefills:
             s.seq.num_computed += s.num_tokens  # a completing chunk is overwritten below
             self._cache_full_blocks(s.seq, s.seq.num_computed)
         now = time.monotonic()
         committed = []
         drafted = result.proposal.lengths + [0] * (len(result.sampling) - len(result.proposal.lengths))
-        rows = zip(result.sampling, result.committed, result.logprobs, drafted, verdicts)
-        for i, (s, tokens, logprobs, length, verdict) in enumerate(rows):
+        tops = result.top_logprobs or [None] * len(result.sampling)
+        rows = zip(result.sampling, result.committed, result.logprobs, drafted, verdicts, tops)
+        for i, (s, tokens, logprobs, length, verdict, top) in enumerate(rows):
             seq = s.seq
             if i < len(plan.decodes):  # sampling rows: the decodes first
                 seq.spec.last_drafted = length
             if length:
                 seq.spec.record(length, len(tokens) - 1)
-            new, logprobs = tokens[:verdict.num_tokens], None if logprobs is None else logprobs[:verdict.num_tokens]
-            seq.append(new, logprobs)
+            n = verdict.num_tokens
+            new, logprobs, top = tokens[:n], None if logprobs is None else logprobs[:n], None if top is None else top[:n]
+            seq.append(new, logprobs, top)
             if seq.first_token_time is None:
                 seq.first_token_time = now
             # KV is final for every committed token but the last (accepted drafts included): shareable
@@ -258,5 +260,5 @@ class Scheduler:
             else:
                 seq.num_computed = len(seq.token_ids) - 1
                 self.blocks.shrink(seq.block_table, len(seq.token_ids))  # release rejected draft slots
-            committed.append((seq, new, logprobs))
+            committed.append((seq, new, logprobs, top))
         return committed

@@ -65,6 +65,7 @@ class Sequence:
         self.generator = None if params.greedy else make_generator(
             params.seed if params.seed is not None else int(torch.randint(2**62, ())), device)
         self.logprobs: list[float] = []
+        self.top_logprobs: list[list[tuple[int, float]]] = []  # per output token, if params.top_logprobs
         self.finish_reason: str | None = None  # "stop" | "length" | "abort"
         self.stop_reason: str | int | None = None
         self.spec = SpecStats()
@@ -86,8 +87,10 @@ class Sequence:
         """More than one token lacks KV: a (re)prefill, not a decode step."""
         return len(self.token_ids) - self.num_computed > 1
 
-    def append(self, tokens: list[int], logprobs: list[float] | None) -> None:
+    def append(self, tokens: list[int], logprobs: list[float] | None, top_logprobs: list | None = None) -> None:
         """Commit generated tokens (the output processor has already cut them at a stop)."""
         self.token_ids += tokens
         if logprobs is not None:
             self.logprobs += logprobs
+        if top_logprobs is not None:
+            self.top_logprobs += top_logprobs

@@ -18,9 +18,10 @@ from specserve.server.protocol import SamplingDefaults
 
 FILENAME = "generation_config.json"
 # generation_config.json's name -> SamplingDefaults' field
-APPLIED = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "max_new_tokens": "max_tokens"}
+APPLIED = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "max_new_tokens": "max_tokens",
+           "repetition_penalty": "repetition_penalty"}
 # Fields vLLM would apply that this server does not implement, with their neutral values: logged when set.
-NOT_APPLIED = {"repetition_penalty": 1.0, "min_p": 0.0}
+NOT_APPLIED = {"min_p": 0.0}
 
 
 def resolve(choice: str, model: str) -> tuple[SamplingDefaults, str]:

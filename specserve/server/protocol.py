@@ -16,13 +16,14 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
-from specserve.engine.sampling_params import SamplingParams
+from specserve.engine.sampling_params import MAX_REPETITION_PENALTY, MAX_TOP_LOGPROBS, SamplingParams
 from specserve.engine.seeding import SEED_MAX, SEED_MIN
 from specserve.errors import InvalidRequestError
 from specserve.server.errors import APIError
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for the legacy completions API
 MAX_TEMPERATURE = 2.0  # OpenAI's range is [0, 2]
+MAX_N = 16  # choices per request: each is a request of its own in the engine
 MAX_STOP_STRINGS = 64  # each is searched for after every token: a long list would slow every step
 CHAT_ROLES = ("system", "developer", "user", "assistant")
 
@@ -87,6 +88,7 @@ class SamplingDefaults:
     top_p: float | None = None
     top_k: int | None = None
     max_tokens: int | None = None  # max_new_tokens: caps the limit of a request that sets none
+    repetition_penalty: float | None = None
 
     def check(self) -> None:
         """Raises InvalidRequestError for a value no request could send."""
@@ -97,7 +99,8 @@ class SamplingDefaults:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise InvalidRequestError(f"{name} must be an integer, got {value!r}")
         SamplingParams(max_tokens=_first(self.max_tokens, 1), temperature=_first(self.temperature, 0),
-                       top_p=_first(self.top_p, 1.0), top_k=_first(self.top_k, -1))
+                       top_p=_first(self.top_p, 1.0), top_k=_first(self.top_k, -1),
+                       repetition_penalty=_first(self.repetition_penalty, 1.0))
 
     def limit(self, api_default: int) -> int:
         return api_default if self.max_tokens is None else min(api_default, self.max_tokens)
@@ -151,8 +154,8 @@ class _SamplingRequest(_Open):
     stop: str | list[str] | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None
     # vLLM's extensions (the benchmark client sends ignore_eos)
     top_k: int | None = None
@@ -160,7 +163,7 @@ class _SamplingRequest(_Open):
     ignore_eos: bool | None = False
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool | None = True
-    repetition_penalty: float | None = None
+    repetition_penalty: float | None = Field(None, gt=0, le=MAX_REPETITION_PENALTY)
     cache_salt: str | None = Field(None, min_length=1)  # only requests with the same salt share cached prefixes
     # specserve's extensions: this request's objectives in milliseconds (docs/design.md §3.5)
     slo_tpot_ms: float | None = None
@@ -180,14 +183,8 @@ class _SamplingRequest(_Open):
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
     def check_supported(self) -> None:
-        if self.n not in (None, 1):
-            raise APIError(400, f"n={self.n} is not supported: this server returns one choice per request, "
-                                "so n must be 1 (send several requests instead)", "n")
-        for name in ("frequency_penalty", "presence_penalty"):
-            if getattr(self, name):
-                raise APIError(400, f"{name} is not supported (it must be 0 or omitted)", name)
-        if self.repetition_penalty not in (None, 1.0):
-            raise APIError(400, "repetition_penalty is not supported (it must be 1 or omitted)", "repetition_penalty")
+        if self.n is not None and not 1 <= self.n <= MAX_N:
+            raise APIError(400, f"n must be in [1, {MAX_N}], got {self.n}", "n")
         if self.logit_bias:
             raise APIError(400, "logit_bias is not supported", "logit_bias")
         if self.stream_options is not None and not self.stream:
@@ -199,7 +196,8 @@ class _SamplingRequest(_Open):
             if name in harmless and not harmless[name](value):
                 raise APIError(400, f"{name} is not supported by this server (omit it, or send its default)", name)
 
-    def sampling_params(self, max_tokens: int, logprobs: bool, defaults: SamplingDefaults) -> SamplingParams:
+    def sampling_params(self, max_tokens: int, logprobs: bool, defaults: SamplingDefaults,
+                        top_logprobs: int = 0) -> SamplingParams:
         """Raises InvalidRequestError (a 400) for values out of range. A field the request omits takes
         `defaults`' value, else the server's own (OpenAI's)."""
         return SamplingParams(
@@ -209,6 +207,9 @@ class _SamplingRequest(_Open):
             top_k=_first(self.top_k, defaults.top_k, -1),
             seed=self.seed, stop=self.stop or [], stop_token_ids=self.stop_token_ids or [],
             ignore_eos=bool(self.ignore_eos), min_tokens=self.min_tokens or 0, logprobs=logprobs,
+            top_logprobs=top_logprobs, presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            repetition_penalty=_first(self.repetition_penalty, defaults.repetition_penalty, 1.0),
             skip_special_tokens=self.skip_special_tokens is not False,
             slo_tpot=None if self.slo_tpot_ms is None else self.slo_tpot_ms / 1000,
             slo_ttft=None if self.slo_ttft_ms is None else self.slo_ttft_ms / 1000, cache_salt=self.cache_salt)
@@ -228,10 +229,10 @@ class CompletionRequest(_SamplingRequest):
         if self.suffix:
             raise APIError(400, "suffix is not supported", "suffix")
         if self.best_of not in (None, 1):
-            raise APIError(400, "best_of must be 1", "best_of")
-        if self.logprobs is not None and self.logprobs != 0:
-            raise APIError(400, f"logprobs={self.logprobs} is not supported: this server returns the chosen "
-                                "token's log-probability only (logprobs=0), not the top alternatives", "logprobs")
+            raise APIError(400, "best_of is not supported (OpenAI and vLLM deprecated it): send n for several "
+                                "choices and pick among them", "best_of")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise APIError(400, f"logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs}", "logprobs")
 
     def single_prompt(self) -> str | list[int]:
         p = self.prompt
@@ -245,7 +246,7 @@ class CompletionRequest(_SamplingRequest):
 
     def to_sampling_params(self, defaults: SamplingDefaults = SERVER_DEFAULTS) -> SamplingParams:
         max_tokens = defaults.limit(COMPLETION_DEFAULT_MAX_TOKENS) if self.max_tokens is None else self.max_tokens
-        return self.sampling_params(max_tokens, self.logprobs is not None, defaults)
+        return self.sampling_params(max_tokens, self.logprobs is not None, defaults, self.logprobs or 0)
 
 
 class ChatCompletionRequest(_SamplingRequest):
@@ -261,9 +262,11 @@ class ChatCompletionRequest(_SamplingRequest):
 
     def check_supported(self) -> None:
         super().check_supported()
-        if self.top_logprobs:
-            raise APIError(400, "top_logprobs is not supported: logprobs=true returns the chosen token's "
-                                "log-probability only", "top_logprobs")
+        if self.top_logprobs is not None and not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise APIError(400, f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}",
+                           "top_logprobs")
+        if self.top_logprobs and not self.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
         if self.tools:
             raise APIError(400, "tools are not supported", "tools")
         if self.response_format and self.response_format.get("type", "text") != "text":
@@ -295,4 +298,4 @@ class ChatCompletionRequest(_SamplingRequest):
                                     f"your messages resulted in {prompt_len} tokens. Please reduce the length "
                                     "of the messages.", "messages")
             limit = defaults.limit(max_model_len - prompt_len)
-        return self.sampling_params(limit, bool(self.logprobs), defaults)
+        return self.sampling_params(limit, bool(self.logprobs), defaults, self.top_logprobs or 0)

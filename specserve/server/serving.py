@@ -9,6 +9,7 @@ disconnects, mid-stream or while waiting.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 import uuid
@@ -33,9 +34,27 @@ def sse(payload: dict | str) -> str:
     return f"data: {payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
-def usage(out: RequestOutput) -> dict:
-    p, c = out.num_prompt_tokens, out.num_output_tokens
+def usage(*outs: RequestOutput) -> dict:
+    """OpenAI's usage of a response: the prompt counted once, every choice's tokens."""
+    p, c = outs[0].num_prompt_tokens, sum(o.num_output_tokens for o in outs)
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+
+def speculative(finals: list[RequestOutput]) -> dict | None:
+    """The response's speculation stats: the request's own, or with several choices their counters summed."""
+    if len(finals) == 1 or finals[0].spec is None:
+        return finals[0].spec
+    total = {key: sum(f.spec[key] for f in finals) for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")}
+    positions = [f.spec["accepted_per_position"] for f in finals]
+    total["accepted_per_position"] = [sum(p[j] for p in positions if j < len(p)) for j in range(max(map(len, positions)))]
+    total["mean_acceptance_length"] = round(1 + total["num_accepted_tokens"] / total["num_drafts"], 4) \
+        if total["num_drafts"] else 1.0
+    return total
+
+
+def choice_params(params, i: int):
+    """The sampling parameters of choice i of a request with several: its own seed when the request has one."""
+    return params if params.seed is None else dataclasses.replace(params, seed=params.seed ^ i)
 
 
 @dataclass
@@ -53,23 +72,33 @@ class _Format:
             return "chat.completion.chunk" if chunk else "chat.completion"
         return "text_completion"
 
-    def logprobs(self, token_ids: list[int], lps: list[float], offset: int) -> tuple[dict, int]:
+    def logprobs(self, token_ids: list[int], lps: list[float], offset: int, tops: list | None = None
+                 ) -> tuple[dict, int]:
         """The logprobs object of these tokens, and the offset after them. `offset`: characters of the
-        tokens' own strings before them (completions' text_offset; a stream continues where it left off)."""
-        tokens = [self.tokenizer.decode([t], skip_special_tokens=False) for t in token_ids]
+        tokens' own strings before them (completions' text_offset; a stream continues where it left off).
+        `tops`: per token, the most likely (token id, log-probability) at its position."""
+        tokens = [self._text(t) for t in token_ids]
+        tops = tops or [[] for _ in token_ids]
         offsets = []
         for s in tokens:
             offsets.append(offset)
             offset += len(s)
         if self.chat:
-            return {"content": [{"token": s, "logprob": lp, "bytes": list(s.encode("utf-8")), "top_logprobs": []}
-                                for s, lp in zip(tokens, lps)]}, offset
-        # logprobs=0 asks for "the chosen token plus 0 alternatives": each top list holds the chosen token.
-        return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": [{s: lp} for s, lp in zip(tokens, lps)],
+            return {"content": [{"token": s, "logprob": lp, "bytes": list(s.encode("utf-8")),
+                                 "top_logprobs": [{"token": (a := self._text(t)), "logprob": alp,
+                                                   "bytes": list(a.encode("utf-8"))} for t, alp in top]}
+                                for s, lp, top in zip(tokens, lps, tops)]}, offset
+        # logprobs=N: the N most likely tokens plus the chosen one (OpenAI's "up to N + 1")
+        return {"tokens": tokens, "token_logprobs": lps,
+                "top_logprobs": [{**{self._text(t): alp for t, alp in top}, s: lp}
+                                 for s, lp, top in zip(tokens, lps, tops)],
                 "text_offset": offsets}, offset
 
-    def choice(self, text: str, logprobs, finish_reason, stop_reason, chunk: bool) -> dict:
-        c: dict = {"index": 0}
+    def _text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def choice(self, text: str, logprobs, finish_reason, stop_reason, chunk: bool, index: int = 0) -> dict:
+        c: dict = {"index": index}
         if self.chat and chunk:
             c["delta"] = {"content": text} if text else {}
         elif self.chat:
@@ -137,19 +166,25 @@ class Serving:
         rid = fmt.prefix + uuid.uuid4().hex
         head = {"id": rid, "object": fmt.object(req.stream), "created": int(time.time()),
                 "model": req.model or self.model_names[0]}
-        gen = self._generate(ids, params, rid)  # nothing runs until it is first iterated
+        n = req.n or 1
+        # One engine request per choice (nothing runs until a generator is first iterated); a seeded request's
+        # choices draw from seeds of their own, so that they differ and each one reproduces.
+        gens = [self._generate(ids, params if n == 1 else choice_params(params, i), rid if n == 1 else f"{rid}-{i}")
+                for i in range(n)]
         if req.stream:
-            return StreamingResponse(self._stream(fmt, head, gen, req.include_usage, params.logprobs),
+            return StreamingResponse(self._stream(fmt, head, gens, req.include_usage, params.logprobs),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        final = await self._collect(gen, raw)
-        if final is None:  # the client left; nobody reads this
+        finals = await self._collect(gens, raw)
+        if finals is None:  # the client left; nobody reads this
             return Response(status_code=499)
-        if final.finish_reason == "abort":
+        if any(f.finish_reason == "abort" for f in finals):
             raise APIError(503, SHUTDOWN_MESSAGE)
-        lp = fmt.logprobs(final.token_ids, final.logprobs, 0)[0] if params.logprobs else None
-        body = dict(head, choices=[fmt.choice(final.text, lp, final.finish_reason, final.stop_reason, False)],
-                    usage=usage(final), speculative=final.spec)
+        choices = []
+        for i, final in enumerate(finals):
+            lp = fmt.logprobs(final.token_ids, final.logprobs, 0, final.top_logprobs)[0] if params.logprobs else None
+            choices.append(fmt.choice(final.text, lp, final.finish_reason, final.stop_reason, False, i))
+        body = dict(head, choices=choices, usage=usage(*finals), speculative=speculative(finals))
         return JSONResponse(body)
 
     async def _generate(self, ids, params, rid: str):
@@ -161,9 +196,10 @@ class Serving:
         finally:
             self.active.discard(rid)
 
-    async def _collect(self, gen, raw: Request) -> RequestOutput | None:
-        """The final output, or None when the client disconnects first (the request is then aborted)."""
-        async def consume():
+    async def _collect(self, gens: list, raw: Request) -> list[RequestOutput] | None:
+        """Each choice's final output, or None when the client disconnects first (the requests are then
+        aborted)."""
+        async def consume(gen):
             final = None
             async with aclosing(gen):
                 async for out in gen:
@@ -174,13 +210,14 @@ class Serving:
             while (await raw.receive())["type"] != "http.disconnect":
                 pass
 
-        work, gone = asyncio.ensure_future(consume()), asyncio.ensure_future(disconnected())
+        work = asyncio.ensure_future(asyncio.gather(*(consume(g) for g in gens)))
+        gone = asyncio.ensure_future(disconnected())
         try:
             await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             gone.cancel()
             if not work.done():
-                work.cancel()  # raises CancelledError inside the engine iterator, which aborts the request
+                work.cancel()  # raises CancelledError inside the engine iterators, which aborts the requests
         if not work.done():
             return None
         try:
@@ -190,36 +227,63 @@ class Serving:
         except Exception as e:
             raise from_exception(e) from None
 
-    async def _stream(self, fmt: _Format, head: dict, gen, include_usage: bool, logprobs: bool):
+    async def _stream(self, fmt: _Format, head: dict, gens: list, include_usage: bool, logprobs: bool):
         def chunk(choices: list, **extra) -> str:
             body = dict(head, choices=choices, **extra)
             if include_usage:
                 body.setdefault("usage", None)  # OpenAI: null on every chunk but the last
             return sse(body)
 
-        offset = 0  # characters of the tokens already sent (for logprobs' text_offset)
+        # The choices' outputs as they come, (index, output), (index, None) when a choice's stream has ended
+        outputs: asyncio.Queue = asyncio.Queue()
+
+        async def pump(i: int, gen) -> None:
+            try:
+                async with aclosing(gen):
+                    async for out in gen:
+                        await outputs.put((i, out))
+            except Exception as e:
+                await outputs.put((i, e))
+            else:
+                await outputs.put((i, None))
+
+        pumps = [asyncio.create_task(pump(i, g)) for i, g in enumerate(gens)]
+        offsets = [0] * len(gens)  # characters of the tokens already sent (for logprobs' text_offset)
+        finals: list[RequestOutput | None] = [None] * len(gens)
         try:
-            async with aclosing(gen):
-                if fmt.chat:
-                    yield chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                  "finish_reason": None}])
-                async for out in gen:
-                    lp = None
-                    if logprobs and out.delta_token_ids:
-                        lp, offset = fmt.logprobs(out.delta_token_ids, out.delta_logprobs, offset)
-                    if not (out.delta_text or lp or out.finished):
-                        continue  # tokens held back (a possible stop string, an incomplete character)
-                    if not out.finished:
-                        yield chunk([fmt.choice(out.delta_text, lp, None, None, True)])
-                        continue
-                    if out.finish_reason == "abort":  # only a shutdown aborts a request whose client is here
-                        yield sse(error_body(503, SHUTDOWN_MESSAGE))
-                        break
-                    yield chunk([fmt.choice(out.delta_text, lp, out.finish_reason, out.stop_reason, True)],
-                                speculative=out.spec)
-                    if include_usage:
-                        yield chunk([], usage=usage(out), speculative=out.spec)
+            if fmt.chat:
+                yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                              "finish_reason": None} for i in range(len(gens))])
+            running = len(gens)
+            while running:
+                i, out = await outputs.get()
+                if out is None:
+                    running -= 1
+                    continue
+                if isinstance(out, Exception):
+                    raise out
+                lp = None
+                if logprobs and out.delta_token_ids:
+                    lp, offsets[i] = fmt.logprobs(out.delta_token_ids, out.delta_logprobs, offsets[i],
+                                                  out.delta_top_logprobs)
+                if not (out.delta_text or lp or out.finished):
+                    continue  # tokens held back (a possible stop string, an incomplete character)
+                if not out.finished:
+                    yield chunk([fmt.choice(out.delta_text, lp, None, None, True, i)])
+                    continue
+                if out.finish_reason == "abort":  # only a shutdown aborts a request whose client is here
+                    yield sse(error_body(503, SHUTDOWN_MESSAGE))
+                    break
+                finals[i] = out
+                yield chunk([fmt.choice(out.delta_text, lp, out.finish_reason, out.stop_reason, True, i)],
+                            speculative=out.spec)
+            else:
+                if include_usage:
+                    yield chunk([], usage=usage(*finals), speculative=speculative(finals))
         except Exception as e:  # the status line is already sent: report the failure in the stream
             err = from_exception(e)
             yield sse(error_body(err.status, err.message, err.param, err.code))
+        finally:
+            for task in pumps:  # a client gone or a shutdown: the engine requests still running are aborted
+                task.cancel()
         yield sse("[DONE]")

@@ -36,7 +36,7 @@ def test_greedy_path_commits_what_rejection_sampling_commits(lengths, prefills):
             row += length + 1
         proposal = Proposal(list(lengths), drafts)
         n = len(lengths) + prefills
-        fast, lps_fast, _ = Sampler()(logits, _requests(n, logprobs=False), proposal)
-        reference, lps, _ = Sampler()(logits, _requests(n, logprobs=True), proposal)
+        fast, lps_fast, _, _ = Sampler()(logits, _requests(n, logprobs=False), proposal)
+        reference, lps, _, _ = Sampler()(logits, _requests(n, logprobs=True), proposal)
         assert fast == reference
         assert lps_fast == [None] * n and all(len(lp) == len(t) for lp, t in zip(lps, reference))

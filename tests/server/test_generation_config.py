@@ -16,7 +16,7 @@ from specserve.server.generation_config import resolve
 from specserve.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingDefaults
 
 FILE = {"temperature": 0.3, "top_p": 0.8, "top_k": 5, "max_new_tokens": 6, "bos_token_id": 258,
-        "repetition_penalty": 1.1}
+        "repetition_penalty": 1.1, "min_p": 0.05}
 
 
 @pytest.fixture(scope="module")
@@ -67,8 +67,8 @@ def test_the_files_values_fill_in_what_a_request_omits(engine, model_dir):
     from specserve.server.app import build_app
 
     defaults, why = resolve("auto", str(model_dir))
-    assert defaults == SamplingDefaults(temperature=0.3, top_p=0.8, top_k=5, max_tokens=6)
-    assert str(model_dir / "generation_config.json") in why and "repetition_penalty=1.1" in why  # not applied
+    assert defaults == SamplingDefaults(temperature=0.3, top_p=0.8, top_k=5, max_tokens=6, repetition_penalty=1.1)
+    assert str(model_dir / "generation_config.json") in why and "min_p=0.05" in why  # not applied
     app = build_app(engine, "tiny", sampling_defaults=defaults)
     engine.seen.clear()
     chat = {"messages": [{"role": "user", "content": "hi"}]}
@@ -82,6 +82,7 @@ def test_the_files_values_fill_in_what_a_request_omits(engine, model_dir):
     got = [(p.temperature, p.top_p, p.top_k, p.max_tokens) for p in engine.seen]
     assert got[0] == (0.3, 0.8, 5, 6) and got[1] == (0.3, 0.8, 5, 6)  # max_new_tokens caps the omitted limit
     assert got[2] == (1.0, 1.0, -1, 9) and got[3] == (0.0, 0.8, 5, 8)  # what the request sets wins
+    assert [p.repetition_penalty for p in engine.seen] == [1.1] * 4  # applied, as vLLM does
     assert outs[2]["usage"]["completion_tokens"] == 9 and outs[3]["usage"]["completion_tokens"] == 8
 
 

@@ -174,6 +174,69 @@ def test_completion_logprobs(client, reference):
     assert len(content) == 6 and all(c.logprob <= 0 and c.top_logprobs == [] for c in content)
 
 
+def test_top_logprobs_are_the_targets_under_speculation(client, reference):
+    """The speculating server's alternatives at each position equal plain offline decoding's: both endpoints,
+    streamed and not."""
+    want = greedy(reference, "top", 8, ignore_eos=True, logprobs=True, top_logprobs=3)
+    def text(ids):  # a token's string as the server writes it
+        return reference.tokenizer.decode(ids, skip_special_tokens=False)
+    r = client.completions.create(model=MODEL, prompt="top", max_tokens=8, temperature=0, logprobs=3,
+                                  extra_body={"ignore_eos": True})
+    lp = r.choices[0].logprobs
+    for got, chosen, lp_chosen, top in zip(lp.top_logprobs, lp.tokens, lp.token_logprobs, want.top_logprobs):
+        expected = {text([t]): v for t, v in top} | {chosen: lp_chosen}  # the three best and the chosen token
+        assert got.keys() == expected.keys() and list(got.values()) == pytest.approx(list(expected.values()), abs=1e-4)
+    assert all(len(top) == 3 and top[0][1] >= top[1][1] >= top[2][1] for top in want.top_logprobs)
+    assert [top[0][0] for top in want.top_logprobs] == want.token_ids  # greedy: the best is the chosen token
+    chat_want = greedy(reference, [{"role": "user", "content": "top"}], 6, ignore_eos=True, logprobs=True,
+                       top_logprobs=2)
+    for stream in (False, True):
+        chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "top"}],
+                                              max_tokens=6, temperature=0, logprobs=True, top_logprobs=2,
+                                              stream=stream, extra_body={"ignore_eos": True})
+        content = ([c for chunk in chat if chunk.choices and chunk.choices[0].logprobs
+                    for c in chunk.choices[0].logprobs.content] if stream else chat.choices[0].logprobs.content)
+        assert [[a.token for a in c.top_logprobs] for c in content] == [
+            [text([t]) for t, _ in top] for top in chat_want.top_logprobs]
+        assert [a.logprob for c in content for a in c.top_logprobs] == pytest.approx(
+            [v for top in chat_want.top_logprobs for _, v in top], abs=1e-4)
+    with pytest.raises(openai.BadRequestError):  # alternatives without logprobs
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "top"}], max_tokens=2,
+                                       top_logprobs=2)
+
+
+def test_penalties_give_the_offline_engines_penalised_output(client, reference):
+    penalties = dict(presence_penalty=0.5, frequency_penalty=0.5, repetition_penalty=1.3)
+    want = greedy(reference, "penalties penalties", 16, ignore_eos=True, **penalties)
+    assert want.text != greedy(reference, "penalties penalties", 16, ignore_eos=True).text
+    r = client.completions.create(model=MODEL, prompt="penalties penalties", max_tokens=16, temperature=0,
+                                  presence_penalty=0.5, frequency_penalty=0.5,
+                                  extra_body={"ignore_eos": True, "repetition_penalty": 1.3})
+    assert r.choices[0].text == want.text
+
+
+def test_n_choices_streamed_and_not(client, reference):
+    want = greedy(reference, "choices", 8, ignore_eos=True)
+    r = client.completions.create(model=MODEL, prompt="choices", max_tokens=8, temperature=0, n=3,
+                                  extra_body={"ignore_eos": True})
+    assert [c.index for c in r.choices] == [0, 1, 2] and all(c.text == want.text for c in r.choices)
+    assert r.usage.completion_tokens == 24 and r.usage.prompt_tokens == len(want.prompt_token_ids)
+    assert r.model_extra["speculative"]["num_drafts"] >= 0
+    messages = [{"role": "user", "content": "choices"}]
+    kw = dict(model=MODEL, messages=messages, max_tokens=12, temperature=1.0, seed=7, n=2,
+              extra_body={"ignore_eos": True})
+    whole = client.chat.completions.create(**kw)
+    texts = {0: "", 1: ""}
+    usage = None
+    for chunk in client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw):
+        for c in chunk.choices:
+            texts[c.index] += c.delta.content or ""
+        usage = chunk.usage or usage
+    assert [texts[0], texts[1]] == [c.message.content for c in whole.choices]  # seeded: each choice reproduces
+    assert texts[0] != texts[1]  # each choice draws with its own seed
+    assert usage.completion_tokens == 24
+
+
 def test_models_health_and_unknown_model(client, spec_server):
     models = client.models.list().data
     assert [m.id for m in models] == ["tiny", "tiny-alias"] and models[0].model_extra["max_model_len"] == 1024

@@ -25,10 +25,14 @@ def client(spec_server):
         yield c
 
 
-def test_n_other_than_1_is_a_clear_400(client):
+def test_n_out_of_range_and_best_of_are_clear_400s(client):
+    for n in (0, 17):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], n=n)
+        assert "n must be in [1, 16]" in e.value.message and e.value.body["param"] == "n"
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], n=2)
-    assert "n must be 1" in e.value.message and e.value.body["param"] == "n"
+        client.completions.create(model=MODEL, prompt="hi", max_tokens=2, extra_body={"best_of": 2})
+    assert "deprecated" in e.value.message and e.value.body["param"] == "best_of"
 
 
 def test_prompt_longer_than_max_model_len_names_both_numbers(client):
@@ -44,8 +48,9 @@ def test_prompt_longer_than_max_model_len_names_both_numbers(client):
 @pytest.mark.parametrize("kwargs, param", [
     (dict(temperature=-1), None),
     (dict(top_p=0), None),
-    (dict(logprobs=3), "logprobs"),
-    (dict(extra_body={"presence_penalty": 0.5}), "presence_penalty"),
+    (dict(logprobs=21), "logprobs"),
+    (dict(extra_body={"presence_penalty": 2.5}), "presence_penalty"),
+    (dict(extra_body={"repetition_penalty": 0}), "repetition_penalty"),
     (dict(stream_options={"include_usage": True}), "stream_options"),
     (dict(prompt=["one", "two"]), "prompt"),
     (dict(max_tokens="lots"), "max_tokens"),  # a type error: FastAPI's 422, sent as OpenAI's 400

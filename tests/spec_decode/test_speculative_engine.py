@@ -77,6 +77,25 @@ def test_greedy_sd_is_token_identical_for_k_1_to_8_and_batch_1_to_32(tiny_target
 
 
 @pytest.mark.parametrize("method", METHODS)
+def test_logprobs_and_top_logprobs_are_the_targets_under_speculation(tiny_target, request, method):
+    """Log-probabilities of the chosen tokens and the 4 most likely tokens at every position, read from the
+    verify rows, equal plain decoding's."""
+    ps = prompts(16, seed=5)
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=True, top_logprobs=4)
+    want = LLM(model=str(tiny_target), dtype="float32").generate(ps, params)
+    llm = LLM(model=str(tiny_target), dtype="float32", speculative_config=spec_config(method, request, 3))
+    outs = llm.generate(ps, params)
+    assert sum(o.spec["num_accepted_tokens"] for o in outs) > 10
+    for got, ref in zip(outs, want):
+        assert got.token_ids == ref.token_ids
+        assert got.logprobs == pytest.approx(ref.logprobs, abs=1e-4)
+        assert [[t for t, _ in top] for top in got.top_logprobs] == [[t for t, _ in top] for top in ref.top_logprobs]
+        assert [v for top in got.top_logprobs for _, v in top] == pytest.approx(
+            [v for top in ref.top_logprobs for _, v in top], abs=1e-4)
+        assert all(len(top) == 4 for top in got.top_logprobs) and len(got.top_logprobs) == 12
+
+
+@pytest.mark.parametrize("method", METHODS)
 def test_greedy_sd_with_preemption(tiny_target, request, baseline, method):
     ps, want = baseline
     spec = spec_config(method, request, 4)
