@@ -98,3 +98,10 @@ def test_different_salts_never_share_and_a_disabled_cache_finds_nothing():
     off = BlockManager(8, 4)
     cached_table(off, list(range(8)))
     assert off.match(chain(list(range(9))), 9) == [] and not off.cached
+
+
+def test_reset_forgets_every_prefix_and_frees_nothing():
+    bm = BlockManager(8, 4, enable_caching=True)
+    held = cached_table(bm, list(range(8)))
+    bm.reset_cache()
+    assert bm.match(chain(list(range(9))), 9) == [] and bm.num_free == 6 and len(held) == 2
