@@ -160,7 +160,8 @@ def summary(rows: list[dict]) -> str:
               " gain planned | measured |", "|" + "---|" * 10]
     for r in sorted(rows, key=lambda r: (r["repeat"], r["policy"])):
         for name, d in r.get("decisions", {}).items():
-            lines.append(f"| {r['repeat']} | {r['policy']} | {d['steps']} | {name} | {d['tokens_per_row_planned']:.2f} | "
+            lines.append(f"| {r['repeat']} | {r['policy']} | {d['steps']} | {name} | "
+                         f"{d['tokens_per_row_planned']:.2f} | "
                          f"{d['tokens_per_row_measured']:.2f} | {d['time_over_plain_planned']:.2f} | "
                          f"{d['time_over_plain_measured']:.2f} | {d['gain_planned']:.2f} | {d['gain_measured']:.2f} |")
     return "\n".join(lines) + "\n"

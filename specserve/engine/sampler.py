@@ -64,7 +64,8 @@ class Sampler:
         for r, i in enumerate(wanted):
             lps[i] = host[1][r][:len(tokens[i])]
             if n := sampling[i].seq.params.top_logprobs:
-                tops[i] = [list(zip(ids[:n], values[:n])) for ids, values in zip(host[3][r], host[4][r])][:len(tokens[i])]
+                rows = zip(host[3][r][:len(tokens[i])], host[4][r])
+                tops[i] = [list(zip(ids[:n], values[:n])) for ids, values in rows]
         confidences = None
         if host[2] is not None:
             confidences = [r[:length] for r, length in zip(host[2], proposal.lengths)]

@@ -247,7 +247,8 @@ class Scheduler:
             if length:
                 seq.spec.record(length, len(tokens) - 1)
             n = verdict.num_tokens
-            new, logprobs, top = tokens[:n], None if logprobs is None else logprobs[:n], None if top is None else top[:n]
+            new = tokens[:n]
+            logprobs, top = None if logprobs is None else logprobs[:n], None if top is None else top[:n]
             seq.append(new, logprobs, top)
             if seq.first_token_time is None:
                 seq.first_token_time = now

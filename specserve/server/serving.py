@@ -44,9 +44,11 @@ def speculative(finals: list[RequestOutput]) -> dict | None:
     """The response's speculation stats: the request's own, or with several choices their counters summed."""
     if len(finals) == 1 or finals[0].spec is None:
         return finals[0].spec
-    total = {key: sum(f.spec[key] for f in finals) for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")}
+    total = {key: sum(f.spec[key] for f in finals)
+             for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")}
     positions = [f.spec["accepted_per_position"] for f in finals]
-    total["accepted_per_position"] = [sum(p[j] for p in positions if j < len(p)) for j in range(max(map(len, positions)))]
+    total["accepted_per_position"] = [sum(p[j] for p in positions if j < len(p))
+                                      for j in range(max(map(len, positions)))]
     total["mean_acceptance_length"] = round(1 + total["num_accepted_tokens"] / total["num_drafts"], 4) \
         if total["num_drafts"] else 1.0
     return total
