@@ -31,6 +31,10 @@ class LLM:
                     final[out.request_id] = out
         return [final[i] for i in ids]
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prompt prefix (vLLM's name), e.g. between benchmark runs of the same prompts."""
+        self.engine.reset_prefix_cache()
+
     def chat(self, conversations: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | None = None) -> list[RequestOutput]:
         if conversations and isinstance(conversations[0], dict):

@@ -75,6 +75,14 @@ def test_preemption_with_the_cache_recomputes_only_what_was_evicted(tiny_target,
     assert outs == want
 
 
+def test_reset_prefix_cache_makes_the_next_request_compute_everything(tiny_target):
+    llm = LLM(model=str(tiny_target), dtype="float32")
+    prompt = conversations(1)[0]
+    assert run(llm, [[prompt]])[2] == 0 and run(llm, [[prompt]])[2] > 0
+    llm.reset_prefix_cache()
+    assert run(llm, [[prompt]])[2] == 0
+
+
 def test_requests_with_different_cache_salts_share_nothing(tiny_target):
     llm = LLM(model=str(tiny_target), dtype="float32")
     prompt = conversations(1)[0]
