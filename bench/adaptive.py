@@ -132,9 +132,10 @@ def _stream(llm, workload: str, rate: float | None, n: int, seed: int, offset: i
     return [p.text for p in w.prompts], times, [workload] * n
 
 
-def replay(llm, texts, times, params, streams) -> dict:
+def replay(llm, texts, times, params, streams, on_step=None) -> dict:
     """Submit each prompt at its arrival time (real time) and step the engine; latencies, overall and per
-    stream (`mean_e2e_code`, ... when the run mixes streams)."""
+    stream (`mean_e2e_code`, ... when the run mixes streams). on_step(stats, outputs): called after every
+    step with the engine's StepStats and the step's outputs (bench/adaptive_steps.py sums them)."""
     engine = llm.engine
     # Every run replays prompts that earlier runs (other policies, other levels) sent too: it starts with an
     # empty prefix cache, so that only its own requests share prefixes (the chat template's system prompt).
@@ -150,10 +151,13 @@ def replay(llm, texts, times, params, streams) -> dict:
         if not engine.has_unfinished():
             time.sleep(max(0.0, min(times[i] - now, 0.05)))
             continue
-        for out in engine.step():
+        outs = engine.step()
+        for out in outs:
             if out.finished:
                 done[out.request_id] = out
         s = engine.last_stats
+        if on_step is not None:
+            on_step(s, outs)
         if s.num_prefill_tokens and not s.num_decodes:
             prefill_s, prefill_tokens = prefill_s + s.t_forward, prefill_tokens + s.num_prefill_tokens
         if s.num_decodes:

@@ -21,7 +21,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from adaptive import _commit, build_engine, prompts_and_arrivals, sampling, saturation, use_policy  # noqa: E402
+from adaptive import (_commit, build_engine, prompts_and_arrivals, replay, sampling, saturation,  # noqa: E402
+                      use_policy)
 
 OUT = Path(__file__).parent / "results" / "adaptive_steps"
 PHASES = ("t_schedule", "t_draft", "t_forward", "t_sample", "t_other")
@@ -34,28 +35,13 @@ def kind(s) -> str:
     return part + (", drafting" if sum(s.draft_lengths) else "")
 
 
-def replay_steps(llm, texts, times, params) -> dict:
-    """adaptive.replay's arrivals, but summing each step's stats by kind of step."""
-    import time
-    engine = llm.engine
-    engine.reset_prefix_cache()  # as adaptive.replay: each run's own prefixes only
-    start, i, n, done = time.monotonic(), 0, len(texts), {}
+def replay_steps(llm, texts, times, params, streams) -> dict:
+    """adaptive.replay's run, each step's stats also summed by kind of step."""
     kinds: dict[str, dict] = {}
     ratio, planned = [], []  # planned: (drafted, rows, committed, measured s, predicted s, planned tokens, plain s)
-    while len(done) < n:
-        now = time.monotonic() - start
-        while i < n and times[i] <= now:
-            engine.add_request(texts[i], params[i], request_id=str(i), arrival_time=start + times[i])
-            i += 1
-        if not engine.has_unfinished():
-            time.sleep(max(0.0, min(times[i] - now, 0.05)))
-            continue
-        committed = 0
-        for out in engine.step():
-            committed += len(out.delta_token_ids)
-            if out.finished:
-                done[out.request_id] = out
-        s = engine.last_stats
+
+    def on_step(s, outs) -> None:
+        committed = sum(len(out.delta_token_ids) for out in outs)
         k = kinds.setdefault(kind(s), {"steps": 0, "rows": 0, "prefill_tokens": 0, "draft_tokens": 0,
                                        "accepted": 0, "committed": 0, **{p: 0.0 for p in PHASES}})
         k["steps"] += 1
@@ -71,9 +57,9 @@ def replay_steps(llm, texts, times, params) -> dict:
         if s.planned_tokens is not None and s.num_decodes and not s.num_prefill_tokens:
             planned.append((sum(s.draft_lengths), s.num_decodes, committed, s.t_draft + s.t_forward, s.t_predicted,
                             s.planned_tokens, s.planned_plain_s))
-    e2e = [o.metrics["finished_time"] - o.metrics["arrival_time"] for o in done.values()]
-    ttft = [o.metrics["first_token_time"] - o.metrics["arrival_time"] for o in done.values()]
-    return {"mean_e2e": statistics.mean(e2e), "mean_ttft": statistics.mean(ttft), "kinds": kinds,
+
+    r = replay(llm, texts, times, params, streams, on_step)
+    return {"mean_e2e": r["mean_e2e"], "mean_ttft": r["mean_ttft"], "kinds": kinds,
             "busy_s": sum(k[p] for k in kinds.values() for p in PHASES),
             "measured_over_predicted": statistics.median(ratio) if ratio else None,
             "decisions": decisions(planned)}
@@ -124,7 +110,7 @@ def main() -> None:
             for policy in policies:
                 llm = use_policy(engines, policy)
                 texts, times, streams = prompts_and_arrivals(llm, "mix", args.level * sat, args.requests, seed=repeat)
-                r = replay_steps(llm, texts, times, sampling(streams, args.temperature, repeat, None))
+                r = replay_steps(llm, texts, times, sampling(streams, args.temperature, repeat, None), streams)
                 rows.append(dict(policy=policy, repeat=repeat, level=args.level, saturation=sat, **r))
                 log.write(json.dumps(rows[-1]) + "\n")
                 log.flush()

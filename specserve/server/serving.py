@@ -9,18 +9,18 @@ disconnects, mid-stream or while waiting.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import time
 import uuid
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from specserve.engine.async_engine import AsyncLLMEngine
 from specserve.engine.outputs import RequestOutput
+from specserve.engine.sequence import SpecStats
 from specserve.errors import SpecServeError
 from specserve.server import limits
 from specserve.server.errors import APIError, error_body, from_exception
@@ -44,19 +44,16 @@ def speculative(finals: list[RequestOutput]) -> dict | None:
     """The response's speculation stats: the request's own, or with several choices their counters summed."""
     if len(finals) == 1 or finals[0].spec is None:
         return finals[0].spec
-    total = {key: sum(f.spec[key] for f in finals)
-             for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")}
+    counts = {key: sum(f.spec[key] for f in finals)
+              for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")}
     positions = [f.spec["accepted_per_position"] for f in finals]
-    total["accepted_per_position"] = [sum(p[j] for p in positions if j < len(p))
-                                      for j in range(max(map(len, positions)))]
-    total["mean_acceptance_length"] = round(1 + total["num_accepted_tokens"] / total["num_drafts"], 4) \
-        if total["num_drafts"] else 1.0
-    return total
+    per_position = [sum(p[j] for p in positions if j < len(p)) for j in range(max(map(len, positions)))]
+    return SpecStats(**counts, accepted_per_position=per_position).as_dict()
 
 
 def choice_params(params, i: int):
     """The sampling parameters of choice i of a request with several: its own seed when the request has one."""
-    return params if params.seed is None else dataclasses.replace(params, seed=params.seed ^ i)
+    return params if params.seed is None else replace(params, seed=params.seed ^ i)
 
 
 @dataclass

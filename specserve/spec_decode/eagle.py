@@ -28,10 +28,9 @@ class TargetFeatures:
         self.rows: torch.Tensor | None = None  # [slots, hidden]
 
     def slots(self, block_table: list[int], first: int, last: int) -> torch.Tensor:
-        positions = torch.arange(first, last + 1)
-        table = torch.tensor(block_table, dtype=torch.long)
-        return (table[positions // self.block_size] * self.block_size + positions % self.block_size).to(
-            self.rows.device)
+        size = self.block_size
+        return torch.tensor([block_table[p // size] * size + p % size for p in range(first, last + 1)],
+                            dtype=torch.long, device=self.rows.device)
 
     def write(self, block_table: list[int], start: int, rows: torch.Tensor) -> None:
         if not len(rows):

@@ -221,7 +221,11 @@ def test_n_choices_streamed_and_not(client, reference):
                                   extra_body={"ignore_eos": True})
     assert [c.index for c in r.choices] == [0, 1, 2] and all(c.text == want.text for c in r.choices)
     assert r.usage.completion_tokens == 24 and r.usage.prompt_tokens == len(want.prompt_token_ids)
-    assert r.model_extra["speculative"]["num_drafts"] >= 0
+    one = client.completions.create(model=MODEL, prompt="choices", max_tokens=8, temperature=0,
+                                    extra_body={"ignore_eos": True}).model_extra["speculative"]
+    # greedy choices draft and verify alike: the response's stats are three times one request's
+    assert r.model_extra["speculative"]["num_drafts"] == 3 * one["num_drafts"] > 0
+    assert r.model_extra["speculative"]["num_accepted_tokens"] == 3 * one["num_accepted_tokens"]
     messages = [{"role": "user", "content": "choices"}]
     kw = dict(model=MODEL, messages=messages, max_tokens=12, temperature=1.0, seed=7, n=2,
               extra_body={"ignore_eos": True})
