@@ -117,6 +117,7 @@ class PhaseTimes:
     forward: float = 0.0  # the target forward (verify pass when drafts are present)
     sample: float = 0.0   # sampling and rejection sampling, including the step's one device->host transfer
     update: float = 0.0   # commit, detokenize, outputs
+    grammar: float = 0.0  # of draft and sample: structured output's draft cuts and masks (not in total)
 
     @property
     def total(self) -> float:

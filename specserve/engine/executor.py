@@ -12,6 +12,7 @@ from specserve.batch import ForwardItem, PhaseTimes, Proposal, StepPlan, StepRes
 from specserve.engine.model_runner import ModelRunner
 from specserve.engine.sampler import Sampler
 from specserve.engine.sequence import Sequence
+from specserve.engine.structured_output import bitmasks, cut_drafts
 
 # A hidden-state tap: (seq, first position, rows [n, hidden]) with the target's final hidden state of every
 # position that stays committed. EAGLE drafts read them; `specserve distill` records them as training features.
@@ -54,13 +55,17 @@ class Executor:
         t0 = time.perf_counter()
         clock.mark()
         proposal = self.propose(plan)
+        t_cut = time.perf_counter()
+        kept = cut_drafts(plan.decodes, proposal)  # structured output: drafts its grammar forbids go now
         t1 = time.perf_counter()
         clock.mark()
         items, owners, sampling, draft_ids = self._forward_items(plan, proposal)
         logits, hidden = self.runner.forward(items, all_hidden=bool(self.hidden_taps), device_ids=draft_ids)
         t2 = time.perf_counter()
         clock.mark()
-        committed, logprobs, confidences, top_logprobs = self.sampler(logits, sampling, proposal)
+        masks = bitmasks(sampling, kept, proposal.lengths, logits.shape[-1])
+        times.grammar = (t1 - t_cut) + (time.perf_counter() - t2)
+        committed, logprobs, confidences, top_logprobs = self.sampler(logits, sampling, proposal, masks)
         if self.hidden_taps:
             self._tap(items, owners, committed[:len(plan.decodes)], hidden)
         times.draft, times.forward, times.sample = t1 - t0, t2 - t1, time.perf_counter() - t2

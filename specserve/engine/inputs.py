@@ -2,9 +2,10 @@
 max_tokens within the context. Stateless, so the server runs it on its own side of the engine."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from specserve.engine.sampling_params import SamplingParams
+from specserve.engine.structured_output import GrammarCompiler
 from specserve.errors import InvalidRequestError
 
 
@@ -13,6 +14,10 @@ class InputProcessor:
     tokenizer: object
     vocab_size: int
     max_model_len: int
+    grammars: GrammarCompiler = field(init=False)
+
+    def __post_init__(self):
+        self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size)
 
     def prepare(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
         """Token ids of the prompt; raises InvalidRequestError (a 400) for what the engine cannot run."""
@@ -28,4 +33,6 @@ class InputProcessor:
                 f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
                 f"{len(ids) + params.max_tokens} tokens ({len(ids)} in the prompt, {params.max_tokens} for the "
                 "completion). Please reduce the length of the prompt or max_tokens.")
+        if params.structured_outputs is not None:
+            self.grammars.check(params.structured_outputs)
         return ids

@@ -144,6 +144,8 @@ class LLMEngine:
         ids = prompt_token_ids if prompt_token_ids is not None else self.prepare(prompt, params)
         seq = Sequence(request_id, ids, params, prompt if isinstance(prompt, str) else None, arrival_time,
                        self.config.device)
+        if params.structured_outputs is not None:
+            seq.grammar = self.inputs.grammars.matcher(params.structured_outputs)
         self.requests[request_id] = seq
         self.outputs.add(seq)
         self.scheduler.add(seq)
@@ -244,6 +246,7 @@ class LLMEngine:
                           num_prefill_tokens=sum(s.num_tokens for s in plan.prefills),
                           draft_lengths=list(proposal.lengths), t_schedule=times.schedule, t_draft=times.draft,
                           t_forward=times.forward, t_sample=times.sample, t_other=times.update,
+                          t_grammar=times.grammar,
                           num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
                           kv_usage=self.scheduler.blocks.usage, prefix_cache_queries=plan.cache_queries,
                           prefix_cache_hits=plan.cache_hits)

@@ -45,6 +45,7 @@ class StepStats(SpecStats):
     t_forward: float = 0.0         # target forward (the verify pass when drafts are present)
     t_sample: float = 0.0          # sampling and rejection sampling, with the step's device->host transfer
     t_other: float = 0.0           # commit, detokenize, outputs, policy feedback
+    t_grammar: float = 0.0         # of t_draft and t_sample: structured output's draft cuts and masks
     t_predicted: float | None = None  # the step cost model's prediction of t_draft + t_forward, if it runs
     # The policy's plan (model-based policies): expected committed tokens, and the step's predicted time
     # without drafts (less a prefill chunk's share): what its decision weighed against what happened

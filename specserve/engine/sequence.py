@@ -69,6 +69,7 @@ class Sequence:
         self.finish_reason: str | None = None  # "stop" | "length" | "abort"
         self.stop_reason: str | int | None = None
         self.spec = SpecStats()
+        self.grammar = None  # structured output's Grammar, advanced by append
         self.arrival_time = arrival_time if arrival_time is not None else time.monotonic()
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None
@@ -90,6 +91,8 @@ class Sequence:
     def append(self, tokens: list[int], logprobs: list[float] | None, top_logprobs: list | None = None) -> None:
         """Commit generated tokens (the output processor has already cut them at a stop)."""
         self.token_ids += tokens
+        if self.grammar is not None:
+            self.grammar.advance(tokens)
         if logprobs is not None:
             self.logprobs += logprobs
         if top_logprobs is not None:

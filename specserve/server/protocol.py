@@ -9,6 +9,7 @@ Unicode: a lone surrogate (JSON allows "\\ud800") cannot be tokenized and is ref
 """
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,7 @@ from pydantic_core import PydanticCustomError
 
 from specserve.engine.sampling_params import MAX_REPETITION_PENALTY, MAX_TOP_LOGPROBS, SamplingParams
 from specserve.engine.seeding import SEED_MAX, SEED_MIN
+from specserve.engine.structured_output import StructuredOutputsParams
 from specserve.errors import InvalidRequestError
 from specserve.server.errors import APIError
 
@@ -44,12 +46,10 @@ _COMMON_UNSUPPORTED = {
     "min_p": lambda v: _unset(v) or v == 0, "typical_p": lambda v: _unset(v) or v == 1,
     "length_penalty": lambda v: _unset(v) or v == 1, "use_beam_search": _unset, "prompt_logprobs": _unset,
     "allowed_token_ids": _unset, "bad_words": _unset, "include_stop_str_in_output": _unset,
-    "truncate_prompt_tokens": _unset, "logits_processors": _unset, "guided_json": _unset,
-    "guided_regex": _unset, "guided_choice": _unset, "guided_grammar": _unset, "structured_outputs": _unset,
+    "truncate_prompt_tokens": _unset, "logits_processors": _unset,
 }
 UNSUPPORTED_FIELDS = {
-    "completions": dict(_COMMON_UNSUPPORTED,
-                        response_format=lambda v: _unset(v) or (isinstance(v, dict) and v.get("type") == "text")),
+    "completions": _COMMON_UNSUPPORTED,
     "chat": dict(_COMMON_UNSUPPORTED,
                  functions=_unset,  # the legacy form of tools
                  function_call=lambda v: _unset(v) or v in ("none", "auto"),
@@ -144,6 +144,7 @@ class ChatMessage(_Open):
 
 class _SamplingRequest(_Open):
     _api = "completions"  # which UNSUPPORTED_FIELDS apply
+    _structured_field: str | None = None  # the field that set the structured output (for error messages)
 
     model: str | None = None          # omitted: the served model
     max_tokens: int | None = None
@@ -165,6 +166,13 @@ class _SamplingRequest(_Open):
     skip_special_tokens: bool | None = True
     repetition_penalty: float | None = Field(None, gt=0, le=MAX_REPETITION_PENALTY)
     cache_salt: str | None = Field(None, min_length=1)  # only requests with the same salt share cached prefixes
+    # Structured output: OpenAI's response_format, vLLM's structured_outputs and its older guided_* fields
+    response_format: dict | None = None
+    structured_outputs: dict | None = None
+    guided_json: str | dict | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
     # specserve's extensions: this request's objectives in milliseconds (docs/design.md §3.5)
     slo_tpot_ms: float | None = None
     slo_ttft_ms: float | None = None
@@ -212,7 +220,75 @@ class _SamplingRequest(_Open):
             repetition_penalty=_first(self.repetition_penalty, defaults.repetition_penalty, 1.0),
             skip_special_tokens=self.skip_special_tokens is not False,
             slo_tpot=None if self.slo_tpot_ms is None else self.slo_tpot_ms / 1000,
-            slo_ttft=None if self.slo_ttft_ms is None else self.slo_ttft_ms / 1000, cache_salt=self.cache_salt)
+            slo_ttft=None if self.slo_ttft_ms is None else self.slo_ttft_ms / 1000, cache_salt=self.cache_salt,
+            structured_outputs=self.structured_output())
+
+    @property
+    def structured_field(self) -> str | None:
+        """The field that set the request's structured output (after sampling_params), for error messages."""
+        return self._structured_field
+
+    def structured_output(self) -> StructuredOutputsParams | None:
+        """What the output must match, from whichever of the structured-output fields the request sets (at most
+        one); raises APIError (a 400) naming the field for a malformed one."""
+        given = {}
+        if (fmt := self.response_format) is not None and fmt.get("type", "text") != "text":
+            given["response_format"] = _response_format(fmt)
+        if self.structured_outputs:
+            fields = {k: v for k, v in self.structured_outputs.items() if v is not None and v is not False}
+            unknown = set(fields) - {"json", "json_object", "regex", "choice", "grammar"}
+            if unknown:
+                raise APIError(400, f"unknown structured_outputs field {sorted(unknown)[0]!r}; expected json, "
+                                    "json_object, regex, choice or grammar", "structured_outputs")
+            if "json" in fields:
+                fields["json"] = _schema_text(fields["json"], "structured_outputs.json")
+            if "choice" in fields:
+                fields["choice"] = tuple(fields["choice"]) if isinstance(fields["choice"], list) else fields["choice"]
+            given["structured_outputs"] = fields
+        legacy = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
+        for name, key in legacy.items():
+            value = getattr(self, name)
+            if value is not None:
+                value = _schema_text(value, name) if key == "json" else value
+                given[name] = {key: tuple(value) if key == "choice" else value}
+        if len(given) > 1:
+            raise APIError(400, f"send one of {' and '.join(given)}: each sets what the output must match",
+                           list(given)[1])
+        if not given:
+            return None
+        (name, fields), = given.items()
+        self._structured_field = name
+        try:
+            return StructuredOutputsParams(**fields)
+        except (InvalidRequestError, TypeError) as e:
+            raise APIError(400, str(e) if isinstance(e, InvalidRequestError) else f"malformed {name}", name) from None
+
+
+def _schema_text(schema, where: str) -> str:
+    """A JSON schema as its text (a request may send the object or its serialization)."""
+    if isinstance(schema, dict):
+        return json.dumps(schema)
+    if isinstance(schema, str):
+        try:
+            if isinstance(json.loads(schema), dict):
+                return schema
+        except ValueError:
+            pass
+    raise APIError(400, f"{where} must be a JSON schema (an object, or its serialization)", where)
+
+
+def _response_format(fmt: dict) -> dict:
+    """OpenAI's response_format as structured-output fields: json_object, or json_schema's schema."""
+    kind = fmt.get("type")
+    if kind == "json_object":
+        return {"json_object": True}
+    if kind == "json_schema":
+        spec = fmt.get("json_schema")
+        if not isinstance(spec, dict) or "schema" not in spec:
+            raise APIError(400, "response_format of type json_schema needs json_schema.schema", "response_format")
+        return {"json": _schema_text(spec["schema"], "response_format.json_schema.schema")}
+    raise APIError(400, f"response_format type must be text, json_object or json_schema, got {kind!r}",
+                   "response_format")
 
 
 class CompletionRequest(_SamplingRequest):
@@ -257,7 +333,6 @@ class ChatCompletionRequest(_SamplingRequest):
     logprobs: bool | None = False
     top_logprobs: int | None = None
     tools: list[Any] | None = None
-    response_format: dict | None = None
     add_generation_prompt: bool | None = True  # vLLM's extension
 
     def check_supported(self) -> None:
@@ -269,8 +344,6 @@ class ChatCompletionRequest(_SamplingRequest):
             raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
         if self.tools:
             raise APIError(400, "tools are not supported", "tools")
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            raise APIError(400, "response_format other than text is not supported", "response_format")
         if not self.messages:
             raise APIError(400, "messages must not be empty", "messages")
         for i, m in enumerate(self.messages):

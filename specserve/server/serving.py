@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from specserve.engine.async_engine import AsyncLLMEngine
 from specserve.engine.outputs import RequestOutput
 from specserve.engine.sequence import SpecStats
+from specserve.engine.structured_output import InvalidGrammarError
 from specserve.errors import SpecServeError
 from specserve.server import limits
 from specserve.server.errors import APIError, error_body, from_exception
@@ -144,7 +145,7 @@ class Serving:
         if isinstance(prompt, str):
             self.bound.check(prompt, params.max_tokens, "prompt")
             prompt = await limits.encode(self.engine.tokenizer, prompt, add_special_tokens=True)
-        ids = self.engine.prepare(prompt, params)
+        ids = await self._prepare(req, prompt, params)
         return await self._run(_Format(False, self.engine.tokenizer), req, ids, params, raw)
 
     async def chat(self, req: ChatCompletionRequest, raw: Request) -> Response:
@@ -158,8 +159,18 @@ class Serving:
         self.bound.check(text, limit, "messages")
         ids = await limits.encode(tok, text, add_special_tokens=False)
         params = req.to_sampling_params(len(ids), self.max_model_len, self.sampling_defaults)
-        ids = self.engine.prepare(ids, params)
+        ids = await self._prepare(req, ids, params)
         return await self._run(_Format(True, tok), req, ids, params, raw)
+
+    async def _prepare(self, req, prompt, params) -> list[int]:
+        """The engine's checks of the request; a grammar is compiled to check it (up to ~0.1 s for a large
+        schema), off the event loop."""
+        if params.structured_outputs is None:
+            return self.engine.prepare(prompt, params)
+        try:
+            return await asyncio.to_thread(self.engine.prepare, prompt, params)
+        except InvalidGrammarError as e:
+            raise APIError(400, str(e), req.structured_field) from None
 
     async def _run(self, fmt: _Format, req, ids, params, raw: Request) -> Response:
         rid = fmt.prefix + uuid.uuid4().hex

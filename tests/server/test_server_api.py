@@ -241,6 +241,40 @@ def test_n_choices_streamed_and_not(client, reference):
     assert usage.completion_tokens == 24
 
 
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+                                         "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+          "required": ["name", "age"], "additionalProperties": False}
+
+
+def test_structured_output_through_every_field(client, reference):
+    """response_format (json_schema, json_object), vLLM's structured_outputs and guided_* fields, streamed and
+    not: the speculating server's greedy output is the offline engine's under the same grammar, and valid."""
+    import jsonschema
+    from specserve.engine.structured_output import StructuredOutputsParams as Guide
+    messages = [{"role": "user", "content": "A person as JSON"}]
+    prompt = reference.tokenizer.encode_chat(messages)
+    cases = [
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON,
+                                                                     "strict": True}}}, Guide(json=json.dumps(PERSON))),
+        ({"response_format": {"type": "json_object"}}, Guide(json_object=True)),
+        ({"extra_body": {"guided_regex": "[a-f]{3,9}"}}, Guide(regex="[a-f]{3,9}")),
+        ({"extra_body": {"guided_choice": ["cat", "dog"]}}, Guide(choice=("cat", "dog"))),
+        ({"extra_body": {"structured_outputs": {"grammar": 'start: "n=" /[0-9]+/'}}}, Guide(grammar='start: "n=" /[0-9]+/')),
+    ]
+    for kwargs, guide in cases:
+        want = reference.generate([prompt], SamplingParams(max_tokens=48, temperature=0, structured_outputs=guide))[0]
+        r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=48, temperature=0, **kwargs)
+        assert r.choices[0].message.content == want.text, kwargs
+        streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=48, temperature=0, stream=True, **kwargs) if c.choices)
+        assert streamed == want.text
+        if r.choices[0].finish_reason == "stop" and guide.json is not None:
+            jsonschema.validate(json.loads(want.text), PERSON)
+    r = client.completions.create(model=MODEL, prompt="yes or no?", max_tokens=8, temperature=1.0, seed=3, n=4,
+                                  extra_body={"guided_choice": ["yes", "no"]})
+    assert all(c.text in ("yes", "no") for c in r.choices)
+
+
 def test_models_health_and_unknown_model(client, spec_server):
     models = client.models.list().data
     assert [m.id for m in models] == ["tiny", "tiny-alias"] and models[0].model_extra["max_model_len"] == 1024

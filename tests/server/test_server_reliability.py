@@ -279,14 +279,34 @@ def test_6_unknown_roles_and_tool_messages_are_a_400(server, messages, param):
     ({"function_call": {"name": "f"}}, "/chat/completions"),
     ({"tool_choice": "required"}, "/chat/completions"),
     ({"min_p": 0.1}, "/chat/completions"),
-    ({"guided_json": {"type": "object"}}, "/completions"),
-    ({"response_format": {"type": "json_object"}}, "/completions"),
+    ({"prompt_logprobs": 1}, "/completions"),
+    ({"bad_words": ["hi"]}, "/completions"),
     ({"use_beam_search": True}, "/completions"),
 ])
 def test_6_fields_that_would_change_the_output_are_a_400(server, extra, path):
     body = {"model": MODEL, "max_tokens": 4, **extra}
     body.update({"messages": [{"role": "user", "content": "hi"}]} if "chat" in path else {"prompt": "hi"})
     assert openai_error(post(server, body, path), 400)["param"] == next(iter(extra))
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"response_format": {"type": "xml"}}, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": "not json"}}},
+     "response_format.json_schema.schema"),
+    ({"guided_json": {"type": 7}}, "guided_json"),
+    ({"guided_regex": "[a-"}, "guided_regex"),
+    ({"guided_choice": []}, "guided_choice"),
+    ({"guided_grammar": "start: nothing_defined"}, "guided_grammar"),
+    ({"guided_regex": "a+", "guided_choice": ["a"]}, "guided_choice"),
+    ({"structured_outputs": {"yaml": "x"}}, "structured_outputs"),
+    ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs"),
+])
+def test_6_malformed_structured_outputs_are_a_400(server, extra, param):
+    body = {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}], **extra}
+    error = openai_error(post(server, body, "/chat/completions"), 400)
+    assert error["param"] == param or param in error["message"], error
+    assert completion(server)["usage"]["completion_tokens"] == 12  # the server goes on
 
 
 def test_6_their_default_values_are_accepted(server):

@@ -1,0 +1,174 @@
+"""Structured output: a request's JSON schema, regex, choice or grammar becomes a mask over the target's
+vocabulary at every position it samples, computed by llguidance (bench/grammar_backends.py measured it and
+xgrammar on our tokenizer: both ~10 us a mask; llguidance compiles a schema ~8x faster and has the shorter
+tail, needs no transformers, and reads Lark and llama.cpp's GBNF alike).
+
+Under speculation (docs/design.md §4.4): before the verify forward, each guided request's drafts are cut at the
+first token its grammar forbids (the target, masked, would reject it anyway: a cut draft is a rejected one
+whose verify row is not paid for); after it, the mask of verify row j is the grammar's state after the output
+so far and drafts[:j], each computed by walking the drafts and rolling back. The target's masked distribution
+is what plain decoding samples from, so rejection sampling keeps the output exactly the constrained target's.
+The grammar advances only with committed tokens (Sequence.append).
+"""
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+
+import torch
+
+from specserve.errors import InvalidRequestError
+
+
+class InvalidGrammarError(InvalidRequestError):
+    """A schema, regex or grammar that cannot be compiled (the server names the request's field)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StructuredOutputsParams:
+    """What a request's output must match; exactly one field set (vLLM's names)."""
+    json: str | None = None          # a JSON schema, serialized
+    json_object: bool = False        # any JSON object
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
+    grammar: str | None = None       # a Lark grammar, or llama.cpp's GBNF
+
+    def __post_init__(self):
+        given = [name for name in ("json", "regex", "choice", "grammar") if getattr(self, name) is not None]
+        given += ["json_object"] if self.json_object else []
+        if len(given) != 1:
+            raise InvalidRequestError("structured output takes exactly one of json, json_object, regex, choice "
+                                      f"and grammar; got {', '.join(given) or 'none'}")
+        if self.choice is not None and (not self.choice or not all(isinstance(c, str) and c for c in self.choice)):
+            raise InvalidRequestError("choice must be a non-empty list of non-empty strings")
+
+    def to_grammar(self) -> str:
+        """The llguidance grammar (raises InvalidRequestError for what cannot be one)."""
+        import llguidance
+        try:
+            if self.json is not None:
+                return llguidance.grammar_from("json_schema", self.json)
+            if self.json_object:
+                return llguidance.grammar_from("json_schema", '{"type": "object"}')
+            if self.regex is not None:
+                return llguidance.grammar_from("regex", self.regex)
+            if self.choice is not None:
+                return llguidance.grammar_from("choice", json.dumps(list(self.choice)))
+            return llguidance.grammar_from("grammar", self.grammar)
+        except ValueError as e:
+            raise InvalidGrammarError(f"invalid structured output: {e}") from None
+
+
+class GrammarCompiler:
+    """Compiles requests' structured outputs into llguidance matchers over the model's vocabulary. Its
+    tokenizer index (~0.25 s to build) is made on the first guided request."""
+
+    def __init__(self, tokenizer, vocab_size: int):
+        self.tokenizer, self.vocab_size = tokenizer, vocab_size
+
+    @functools.cached_property
+    def lltokenizer(self):
+        import llguidance
+        return llguidance.LLTokenizer(self.tokenizer.hf.to_str(), n_vocab=self.vocab_size,
+                                      eos_token=self.tokenizer.eos_token_ids)
+
+    def check(self, params: StructuredOutputsParams) -> None:
+        """Raises InvalidRequestError (a 400) for a schema, regex or grammar llguidance cannot compile."""
+        self.matcher(params)
+
+    def matcher(self, params: StructuredOutputsParams) -> "Grammar":
+        import llguidance
+        matcher = llguidance.LLMatcher(self.lltokenizer, params.to_grammar(), log_level=0)
+        if matcher.is_error():
+            raise InvalidGrammarError(f"invalid structured output: {matcher.get_error()}")
+        return Grammar(matcher, self.tokenizer.eos_token_ids)
+
+
+class Grammar:
+    """One request's grammar state: which tokens may come next, given its committed output."""
+    __slots__ = ("matcher", "eos")
+
+    def __init__(self, matcher, eos: list[int]):
+        self.matcher, self.eos = matcher, eos
+
+    def valid_prefix(self, tokens: list[int]) -> int:
+        """How many of the leading tokens the grammar allows, in order."""
+        return self.matcher.validate_tokens(tokens)
+
+    def advance(self, tokens: list[int]) -> None:
+        self.matcher.consume_tokens(tokens)
+
+    def rollback(self, n: int) -> None:
+        self.matcher.rollback(n)
+
+    def fill(self, row: torch.Tensor) -> None:
+        """The next token's mask into `row` [words] int32 (a bit per token)."""
+        self.matcher.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * 4)
+        if self.matcher.is_error():  # never for masked tokens; if it were, end the request, not the step
+            row.zero_()
+            for eos in self.eos:
+                row[eos // 32] |= torch.tensor(1, dtype=torch.int32) << (eos % 32)
+
+
+def words(vocab_size: int) -> int:
+    """int32 words of a bitmask over the vocabulary."""
+    return (vocab_size + 31) // 32
+
+
+def cut_drafts(decodes, proposal) -> dict[int, list[int]]:
+    """Cuts each guided decode's drafts at the first token its grammar forbids (proposal.lengths in place);
+    returns the kept drafts of each guided decode, by index. One host read of the drafts when any is guided."""
+    guided = [i for i, s in enumerate(decodes) if s.seq.grammar is not None]
+    if not guided:
+        return {}
+    rows = proposal.token_ids[guided].tolist() if any(proposal.lengths[i] for i in guided) else None
+    kept = {}
+    for r, i in enumerate(guided):
+        drafts = rows[r][:proposal.lengths[i]] if rows else []
+        n = decodes[i].seq.grammar.valid_prefix(drafts) if drafts else 0
+        proposal.lengths[i] = n
+        kept[i] = drafts[:n]
+    return kept
+
+
+def bitmasks(sampling, kept: dict[int, list[int]], lengths: list[int], vocab_size: int
+             ) -> tuple[list[int], torch.Tensor] | None:
+    """For the guided requests among the step's sampling rows (decodes first, `lengths` drafts each, then
+    prefills completing their prompt): the flattened row indices and their masks [R, words] int32, row j of a
+    request being its grammar's state after its drafts[:j]. None when no request is guided."""
+    guided = [i for i, s in enumerate(sampling) if s.seq.grammar is not None]
+    if not guided:
+        return None
+    starts, row = [], 0
+    for i in range(len(sampling)):
+        starts.append(row)
+        row += (lengths[i] if i < len(lengths) else 0) + 1
+    rows = [starts[i] + j for i in guided for j in range((lengths[i] if i < len(lengths) else 0) + 1)]
+    mask = torch.empty(len(rows), words(vocab_size), dtype=torch.int32)
+    r = 0
+    for i in guided:
+        grammar, drafts = sampling[i].seq.grammar, kept.get(i, [])
+        for j in range(len(drafts) + 1):
+            if j:
+                grammar.advance(drafts[j - 1:j])
+            grammar.fill(mask[r])
+            r += 1
+        if drafts:
+            grammar.rollback(len(drafts))
+    return rows, mask
+
+
+def apply_bitmasks(logits: torch.Tensor, masks: tuple[list[int], torch.Tensor] | None) -> torch.Tensor:
+    """The logits [T, V] with every token a row's mask forbids at -inf (a new tensor; the same one when no
+    request is guided)."""
+    if masks is None:
+        return logits
+    rows, mask = masks
+    vocab = logits.shape[-1]
+    index = torch.tensor(rows, dtype=torch.long, device=logits.device)
+    bits = torch.arange(32, dtype=torch.int32)
+    allowed = ((mask[:, :, None] >> bits) & 1).view(len(rows), -1)[:, :vocab].bool().to(logits.device)
+    logits = logits.clone()
+    logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
+    return logits

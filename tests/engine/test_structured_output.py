@@ -1,0 +1,152 @@
+"""Structured output (engine/structured_output.py): the output matches its schema, regex, choice or grammar, and
+speculation keeps it exactly the constrained target's: greedy token-identical for every method, sampled
+output distributed as the masked target's distribution."""
+import json
+import re
+
+import pytest
+import torch
+
+from specserve import LLM, SamplingParams
+from specserve.engine.structured_output import StructuredOutputsParams as Guide
+from specserve.engine.structured_output import words
+from specserve.errors import InvalidRequestError
+from tests.spec_decode.test_speculative_engine import METHODS, assert_follows, prompts, spec_config
+
+SCHEMA = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 6}, "b": {"type": "integer"}},
+          "required": ["a", "b"], "additionalProperties": False}
+GUIDES = [Guide(json=json.dumps(SCHEMA)), Guide(regex=r"[a-g]+( [a-g]+)*\."), Guide(choice=("tea", "coffee", "the")),
+          Guide(grammar='start: "x" num ("," num)*\nnum: /[0-9]{1,3}/'), Guide(json_object=True)]
+
+
+def guided(i: int, **kw) -> SamplingParams:
+    return SamplingParams(max_tokens=40, temperature=0, structured_outputs=GUIDES[i % len(GUIDES)], **kw)
+
+
+@pytest.fixture(scope="module")
+def guided_baseline(tiny_target):
+    ps = prompts(25, seed=3)
+    outs = LLM(model=str(tiny_target), dtype="float32").generate(ps, [guided(i) for i in range(len(ps))])
+    return ps, outs
+
+
+def test_greedy_output_matches_its_guide(guided_baseline):
+    _, outs = guided_baseline
+    finished = 0
+    for i, out in enumerate(outs):
+        guide, text = GUIDES[i % len(GUIDES)], out.text
+        if out.finish_reason != "stop":  # cut by max_tokens: a prefix of a match
+            continue
+        finished += 1
+        if guide.json is not None:
+            value = json.loads(text)
+            assert set(value) == {"a", "b"} and isinstance(value["b"], int) and len(value["a"]) <= 6
+        elif guide.json_object:
+            assert isinstance(json.loads(text), dict)
+        elif guide.regex is not None:
+            assert re.fullmatch(guide.regex, text), text
+        elif guide.choice is not None:
+            assert text in guide.choice
+        else:
+            assert re.fullmatch(r"x[0-9]{1,3}(,[0-9]{1,3})*", text), text
+    assert finished >= 10  # most guides end well within 40 tokens, even for a random model
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_greedy_speculation_under_a_grammar_is_token_identical(tiny_target, request, guided_baseline, method):
+    ps, want = guided_baseline
+    llm = LLM(model=str(tiny_target), dtype="float32", speculative_config=spec_config(method, request, 4))
+    outs = llm.generate(ps, [guided(i) for i in range(len(ps))])
+    assert [o.token_ids for o in outs] == [o.token_ids for o in want]
+    assert sum(o.spec["num_accepted_tokens"] for o in outs) > 10  # drafts passed the grammar and the target
+
+
+def test_drafts_the_grammar_forbids_are_cut_before_the_verify(tiny_target, tiny_draft):
+    """Drafts proposed by an unconstrained model mostly break a narrow regex: those are never verified."""
+    llm = LLM(model=str(tiny_target), dtype="float32",
+              speculative_config={"model": str(tiny_draft), "num_speculative_tokens": 4, "policy": "static"})
+    executor, proposed = llm.engine.executor, []
+    propose = executor.propose
+
+    def counted(plan):
+        proposal = propose(plan)
+        proposed.append(sum(proposal.lengths))
+        return proposal
+
+    executor.propose = counted
+    outs = llm.generate(prompts(8, seed=4), SamplingParams(max_tokens=30, temperature=0,
+                                                          structured_outputs=Guide(regex="[0-9]{30}")))
+    verified = sum(o.spec["num_draft_tokens"] for o in outs)
+    assert all(re.fullmatch("[0-9]*", o.text) for o in outs)
+    assert verified < sum(proposed)
+
+
+def allowed(grammar, vocab: int) -> torch.Tensor:
+    """The grammar's next-token mask as [V] booleans."""
+    row = torch.zeros(words(vocab), dtype=torch.int32)
+    grammar.fill(row)
+    return ((row[:, None] >> torch.arange(32, dtype=torch.int32)) & 1).view(-1)[:vocab].bool()
+
+
+def masked_marginals(llm, prompt, params):
+    """P(x1) and P(x2) = sum_x1 P(x1) P(x2 | x1) of the target's processed distribution under the request's
+    grammar: at each position only the tokens its mask allows there (computed by the grammar itself)."""
+    from specserve.engine.sampler import to_probs
+    model = llm.engine.runner.model
+    vocab = model.config.vocab_size
+    grammar = llm.engine.inputs.grammars.matcher(params.structured_outputs)
+    allow1 = allowed(grammar, vocab)
+    first = allow1.nonzero()[:, 0].tolist()
+    allow2 = []
+    for x in first:
+        grammar.advance([x])
+        allow2.append(allowed(grammar, vocab))
+        grammar.rollback(1)
+    with torch.no_grad():  # a causal pass per context: its last position's logits
+        rows = torch.stack([_last_logits(model, s) for s in [prompt] + [prompt + [x] for x in first]])
+    p1 = to_probs(rows[:1].masked_fill(~allow1, float("-inf")), [params])[0]
+    p2_given = to_probs(rows[1:].masked_fill(~torch.stack(allow2), float("-inf")), [params] * len(first))
+    return p1, p1[first] @ p2_given
+
+
+def _last_logits(model, tokens):
+    from specserve.model.attention import AttentionMetadata, allocate_kv_cache
+    c, device = model.config, model.embed_tokens.weight.device
+    blocks = len(tokens) // 16 + 1
+    cache = allocate_kv_cache(c.num_hidden_layers, blocks, 16, c.num_key_value_heads, c.head_dim, torch.float32, device)
+    meta = AttentionMetadata.build([len(tokens)], [len(tokens)], [list(range(blocks))], 16, device)
+    h = model(torch.tensor(tokens, device=device), meta, cache)
+    return model.compute_logits(h[-1:])[0]
+
+
+def test_sampled_speculation_under_a_grammar_follows_the_masked_target(tiny_target, tiny_far_draft):
+    """T = 0.8, a draft far from the target: the first two tokens under speculation and a regex
+    (two printable characters, then letters) are distributed as the target's masked distribution, which is
+    what plain decoding under the grammar samples from. Drafts outside the grammar are cut, the others verified."""
+    llm = LLM(model=str(tiny_target), dtype="float32", max_num_seqs=64,
+              speculative_config={"model": str(tiny_far_draft), "num_speculative_tokens": 3, "policy": "static"})
+    prompt = [7, 8, 9, 7, 8]
+    base = dict(max_tokens=4, temperature=0.8, structured_outputs=Guide(regex="[ -~]{2}[a-z]*"))
+    p1, p2 = masked_marginals(llm, prompt, SamplingParams(**base))
+    assert 20 < int((p1 > 0).sum()) < 120  # the mask leaves a real choice, not the whole vocabulary
+    n = 3000
+    outs = llm.generate([prompt] * n, [SamplingParams(**base, seed=s) for s in range(n)])
+    assert sum(o.spec["num_accepted_tokens"] for o in outs) > 20  # drafts the grammar allowed were accepted
+    assert sum(o.spec["num_draft_tokens"] - o.spec["num_accepted_tokens"] for o in outs) > 500  # and rejected
+    assert all(re.fullmatch("[ -~]{2}[a-z]*", o.text) or o.finish_reason == "length" for o in outs)
+    assert_follows(outs, p1, p2)
+
+
+@pytest.mark.parametrize("fields,message", [
+    ({}, "exactly one"),
+    ({"regex": "a", "choice": ("a",)}, "exactly one"),
+    ({"choice": ()}, "non-empty"),
+    ({"regex": "[a-"}, "invalid structured output"),
+    ({"json": "{\"type\": 5}"}, "invalid structured output"),
+    ({"grammar": "start: undefined_rule"}, "invalid structured output"),
+])
+def test_bad_guides_are_clear_errors(tiny_target, fields, message):
+    llm = LLM(model=str(tiny_target), dtype="float32")
+    with pytest.raises(InvalidRequestError, match=message):
+        llm.engine.add_request([1, 2, 3], SamplingParams(structured_outputs=Guide(**fields)))
+    assert not llm.engine.has_unfinished()
