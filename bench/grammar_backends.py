@@ -109,7 +109,9 @@ def main() -> None:
     rows = [json.loads(line) for line in SCHEMAS.read_text().splitlines()]
     # The instance as a model writes it (", " and ": "), each engine's default JSON whitespace allows it.
     cases = [(r["schema"], tokenizer.encode(json.dumps(r["example"]), add_special_tokens=False)) for r in rows]
-    report = {"cpu": platform.processor() or platform.machine(), "model": args.model, "vocab_size": vocab,
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    report = {"cpu": cpu, "model": args.model, "vocab_size": vocab,
               "schemas": len(cases), "backends": {}}
     print(f"{len(cases)} schemas, {sum(len(t) for _, t in cases)} instance tokens, vocabulary {vocab}")
     print(f"{'engine':<11} {'setup s':>8} {'compile ms (median/max)':>24} {'mask us (median/p99/max)':>26} "

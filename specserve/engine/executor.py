@@ -12,7 +12,7 @@ from specserve.batch import ForwardItem, PhaseTimes, Proposal, StepPlan, StepRes
 from specserve.engine.model_runner import ModelRunner
 from specserve.engine.sampler import Sampler
 from specserve.engine.sequence import Sequence
-from specserve.engine.structured_output import bitmasks, cut_drafts
+from specserve.engine.structured_output import apply_logit_bias, cut_drafts, logit_bias
 
 # A hidden-state tap: (seq, first position, rows [n, hidden]) with the target's final hidden state of every
 # position that stays committed. EAGLE drafts read them; `specserve distill` records them as training features.
@@ -63,9 +63,10 @@ class Executor:
         logits, hidden = self.runner.forward(items, all_hidden=bool(self.hidden_taps), device_ids=draft_ids)
         t2 = time.perf_counter()
         clock.mark()
-        masks = bitmasks(sampling, kept, proposal.lengths, logits.shape[-1])
+        bias = logit_bias(sampling, kept, proposal.lengths, logits.shape[-1], logits.device)
+        allowed = apply_logit_bias(logits, bias)  # structured output: what the grammar forbids at FORBIDDEN
         times.grammar = (t1 - t_cut) + (time.perf_counter() - t2)
-        committed, logprobs, confidences, top_logprobs = self.sampler(logits, sampling, proposal, masks)
+        committed, logprobs, confidences, top_logprobs = self.sampler(allowed, sampling, proposal, raw=logits)
         if self.hidden_taps:
             self._tap(items, owners, committed[:len(plan.decodes)], hidden)
         times.draft, times.forward, times.sample = t1 - t0, t2 - t1, time.perf_counter() - t2

@@ -15,21 +15,21 @@ from specserve.batch import Proposal, ScheduledSeq
 from specserve.device_sync import to_host
 from specserve.model.kernels import argmax_rows
 from specserve.sampling import RowParams, penalize, process, to_probs  # noqa: F401  (to_probs: the processing API)
-from specserve.engine.structured_output import apply_bitmasks
 from specserve.spec_decode.rejection_sampler import PLACEHOLDER, rejection_sample
 
 
 class Sampler:
-    def __call__(self, logits: torch.Tensor, sampling: list[ScheduledSeq], proposal: Proposal, masks=None
+    def __call__(self, logits: torch.Tensor, sampling: list[ScheduledSeq], proposal: Proposal,
+                 raw: torch.Tensor | None = None
                  ) -> tuple[list[list[int]], list[list[float] | None], list[list[float]] | None, list | None]:
         """logits [T, V] float32 of the sampling rows; `sampling`: decodes (proposal.lengths[i] drafts each)
         then prefills that complete their prompt (no drafts). Returns per request the committed tokens,
         their raw log-probabilities (None unless asked); per decode, the draft's confidences (if any); and per
         request the top_logprobs most likely (token, raw log-probability) at each committed position (None
         unless asked; None for the whole step if no request asked). Every one is read from the target's
-        distribution at the token's own position, the verify row: the same with and without drafts. `masks`:
-        structured output's allowed tokens of the guided requests' rows (structured_output.bitmasks), applied
-        before everything else sees the logits."""
+        distribution at the token's own position, the verify row: the same with and without drafts. Under
+        structured output `logits` forbid what the grammar forbids and `raw` are the target's own, which
+        log-probabilities report (vLLM's default); without, `raw` is `logits`."""
         device, vocab = logits.device, logits.shape[-1]
         lengths = proposal.lengths + [0] * (len(sampling) - len(proposal.lengths))
         k = max(lengths, default=0)
@@ -37,7 +37,8 @@ class Sampler:
         for length in lengths:
             starts.append(row)
             row += length + 1
-        raw, logits = logits, _penalized(apply_bitmasks(logits, masks), sampling, proposal, starts, lengths)
+        raw = logits if raw is None else raw
+        logits = _penalized(logits, sampling, proposal, starts, lengths)
         argmax = argmax_rows(logits)
         if all(s.seq.params.greedy and not s.seq.params.logprobs for s in sampling):
             return _greedy(argmax, proposal, lengths, starts)

@@ -60,6 +60,31 @@ class StructuredOutputsParams:
             raise InvalidGrammarError(f"invalid structured output: {e}") from None
 
 
+_SUBSCHEMAS = ("items", "additionalProperties", "not", "if", "then", "else", "contains")  # a schema each
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")                        # a list of schemas
+_SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")         # name -> schema
+
+
+def closed(schema):
+    """The schema with every object that does not say otherwise closed to the properties it names
+    (additionalProperties false): what OpenAI's strict mode asks of a schema. A new value."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _SUBSCHEMAS:
+        if isinstance(out.get(key), dict):
+            out[key] = closed(out[key])
+    for key in _SCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [closed(s) for s in out[key]]
+    for key in _SCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: closed(s) for name, s in out[key].items()}
+    if "properties" in out and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
 class GrammarCompiler:
     """Compiles requests' structured outputs into llguidance matchers over the model's vocabulary. Its
     tokenizer index (~0.25 s to build) is made on the first guided request."""
@@ -111,6 +136,11 @@ class Grammar:
                 row[eos // 32] |= torch.tensor(1, dtype=torch.int32) << (eos % 32)
 
 
+# The logit of a token the grammar forbids: exp() of it underflows to exactly 0 after any temperature, and no
+# penalty brings it back, while staying finite (an added -inf would be; but 0 * inf is NaN when building it).
+FORBIDDEN = -1e30
+
+
 def words(vocab_size: int) -> int:
     """int32 words of a bitmask over the vocabulary."""
     return (vocab_size + 31) // 32
@@ -132,11 +162,12 @@ def cut_drafts(decodes, proposal) -> dict[int, list[int]]:
     return kept
 
 
-def bitmasks(sampling, kept: dict[int, list[int]], lengths: list[int], vocab_size: int
-             ) -> tuple[list[int], torch.Tensor] | None:
+def logit_bias(sampling, kept: dict[int, list[int]], lengths: list[int], vocab_size: int, device
+               ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """For the guided requests among the step's sampling rows (decodes first, `lengths` drafts each, then
-    prefills completing their prompt): the flattened row indices and their masks [R, words] int32, row j of a
-    request being its grammar's state after its drafts[:j]. None when no request is guided."""
+    prefills completing their prompt): the flattened row indices [R] and a bias [R, V] to add to their logits,
+    0 where the grammar allows the token and FORBIDDEN where not; row j of a request is its grammar's state
+    after its drafts[:j]. None when no request is guided."""
     guided = [i for i, s in enumerate(sampling) if s.seq.grammar is not None]
     if not guided:
         return None
@@ -156,19 +187,22 @@ def bitmasks(sampling, kept: dict[int, list[int]], lengths: list[int], vocab_siz
             r += 1
         if drafts:
             grammar.rollback(len(drafts))
-    return rows, mask
+    # Bit t of the little-endian words is token t: each byte of the mask looks up its 8 tokens' biases.
+    # Branch-free (masked_fill with a grammar's irregular mask took ~1.8 ms for 16 rows here, this ~0.4).
+    biases = torch.nn.functional.embedding(mask.view(torch.uint8).long(), _byte_biases())
+    return torch.tensor(rows, dtype=torch.long).to(device), biases.view(len(rows), -1)[:, :vocab_size].to(device)
 
 
-def apply_bitmasks(logits: torch.Tensor, masks: tuple[list[int], torch.Tensor] | None) -> torch.Tensor:
-    """The logits [T, V] with every token a row's mask forbids at -inf (a new tensor; the same one when no
-    request is guided)."""
-    if masks is None:
+@functools.cache
+def _byte_biases() -> torch.Tensor:
+    """[256, 8] float32: for each byte value, the bias of the 8 tokens its bits stand for."""
+    bits = (torch.arange(256)[:, None] >> torch.arange(8)) & 1
+    return torch.where(bits.bool(), 0.0, FORBIDDEN).float()
+
+
+def apply_logit_bias(logits: torch.Tensor, bias: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    """The logits [T, V] with the guided rows' grammar bias added (a new tensor; the same one if none)."""
+    if bias is None:
         return logits
-    rows, mask = masks
-    vocab = logits.shape[-1]
-    index = torch.tensor(rows, dtype=torch.long, device=logits.device)
-    bits = torch.arange(32, dtype=torch.int32)
-    allowed = ((mask[:, :, None] >> bits) & 1).view(len(rows), -1)[:, :vocab].bool().to(logits.device)
-    logits = logits.clone()
-    logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
-    return logits
+    rows, values = bias
+    return logits.index_add(0, rows, values)

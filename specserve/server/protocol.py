@@ -19,7 +19,7 @@ from pydantic_core import PydanticCustomError
 
 from specserve.engine.sampling_params import MAX_REPETITION_PENALTY, MAX_TOP_LOGPROBS, SamplingParams
 from specserve.engine.seeding import SEED_MAX, SEED_MIN
-from specserve.engine.structured_output import StructuredOutputsParams
+from specserve.engine.structured_output import StructuredOutputsParams, closed
 from specserve.errors import InvalidRequestError
 from specserve.server.errors import APIError
 
@@ -286,7 +286,9 @@ def _response_format(fmt: dict) -> dict:
         spec = fmt.get("json_schema")
         if not isinstance(spec, dict) or "schema" not in spec:
             raise APIError(400, "response_format of type json_schema needs json_schema.schema", "response_format")
-        return {"json": _schema_text(spec["schema"], "response_format.json_schema.schema")}
+        schema = _schema_text(spec["schema"], "response_format.json_schema.schema")
+        # strict (OpenAI's Structured Outputs): objects hold exactly the properties the schema names
+        return {"json": json.dumps(closed(json.loads(schema))) if spec.get("strict") else schema}
     raise APIError(400, f"response_format type must be text, json_object or json_schema, got {kind!r}",
                    "response_format")
 

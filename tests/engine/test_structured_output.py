@@ -150,3 +150,26 @@ def test_bad_guides_are_clear_errors(tiny_target, fields, message):
     with pytest.raises(InvalidRequestError, match=message):
         llm.engine.add_request([1, 2, 3], SamplingParams(structured_outputs=Guide(**fields)))
     assert not llm.engine.has_unfinished()
+
+
+@pytest.mark.parametrize("schema,expected", [
+    ({"type": "string"}, {"type": "string"}),
+    ({"properties": {"a": {"type": "integer"}}},
+     {"properties": {"a": {"type": "integer"}}, "additionalProperties": False}),
+    ({"properties": {}, "additionalProperties": True}, {"properties": {}, "additionalProperties": True}),
+    ({"properties": {"p": {"properties": {"q": {}}}}},
+     {"properties": {"p": {"properties": {"q": {}}, "additionalProperties": False}}, "additionalProperties": False}),
+    ({"type": "array", "items": {"properties": {}}},
+     {"type": "array", "items": {"properties": {}, "additionalProperties": False}}),
+    ({"anyOf": [{"properties": {}}, {"type": "null"}]},
+     {"anyOf": [{"properties": {}, "additionalProperties": False}, {"type": "null"}]}),
+    ({"$defs": {"x": {"properties": {}}}, "$ref": "#/$defs/x"},
+     {"$defs": {"x": {"properties": {}, "additionalProperties": False}}, "$ref": "#/$defs/x"}),
+    ({"properties": {"properties": {"type": "string"}}},  # a property named "properties" is not a schema keyword
+     {"properties": {"properties": {"type": "string"}}, "additionalProperties": False}),
+])
+def test_strict_mode_closes_objects(schema, expected):
+    from specserve.engine.structured_output import closed
+    before = json.dumps(schema)
+    assert closed(schema) == expected
+    assert json.dumps(schema) == before  # the input is not changed
