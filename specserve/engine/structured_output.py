@@ -25,6 +25,12 @@ class InvalidGrammarError(InvalidRequestError):
     """A schema, regex or grammar that cannot be compiled (the server names the request's field)."""
 
 
+# Whitespace between JSON tokens: none, a space, or a newline and up to 20 spaces or tabs of indentation
+# (llama.cpp's rule). Unbounded, a small model at temperature 0.8 could spend its whole reply on newlines.
+# A schema's own "x-guidance" options take precedence.
+JSON_OPTIONS = {"whitespace_pattern": r"(?:\n[ \t]{0,20}| )?"}
+
+
 @dataclass(frozen=True, slots=True)
 class StructuredOutputsParams:
     """What a request's output must match; exactly one field set (vLLM's names)."""
@@ -47,10 +53,9 @@ class StructuredOutputsParams:
         """The llguidance grammar (raises InvalidRequestError for what cannot be one)."""
         import llguidance
         try:
-            if self.json is not None:
-                return llguidance.grammar_from("json_schema", self.json)
-            if self.json_object:
-                return llguidance.grammar_from("json_schema", '{"type": "object"}')
+            if self.json is not None or self.json_object:
+                schema = self.json if self.json is not None else '{"type": "object"}'
+                return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
             if self.regex is not None:
                 return llguidance.grammar_from("regex", self.regex)
             if self.choice is not None:

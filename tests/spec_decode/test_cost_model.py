@@ -21,8 +21,27 @@ def test_the_fit_recovers_a_known_cost_curve_and_kv_term():
     predicted = cost.predict(features(test_rows, test_kv))
     # piecewise-linear in rows with knots at powers of two: exact at knots, close between them
     assert np.max(np.abs(predicted - truth(test_rows, test_kv)) / truth(test_rows, test_kv)) < 0.03
-    assert cost.w[-1] == pytest.approx(0.0015, rel=0.02)  # seconds per thousand KV tokens
+    assert cost.w[-2] == pytest.approx(0.0015, rel=0.02)  # seconds per thousand KV tokens
     assert cost.predict(features([4096], [0]))[0] == pytest.approx(truth(4096, 0), rel=0.02)  # extrapolated
+
+
+def test_drafted_rows_are_priced_apart_from_prefill_rows():
+    """A verify row costs more than a prefill row (it runs the LM head): profiled decode, prefill-shaped and
+    verify-shaped forwards give that price, and a verify step is predicted at its own cost."""
+    rng = np.random.default_rng(3)
+    per_drafted = 0.0003
+    rows = np.r_[KNOTS[KNOTS <= 512], rng.integers(1, 513, 40)]
+    kv = rng.integers(100, 20000, len(rows))
+    verify_rows = np.array([3, 5, 12, 20, 48, 80])
+    drafted = verify_rows - verify_rows // np.array([3, 5, 3, 5, 3, 5])
+    verify_kv = rng.integers(100, 20000, len(verify_rows))
+    samples = np.r_[np.c_[rows, kv, truth(rows, kv), np.zeros(len(rows))],
+                    np.c_[verify_rows, verify_kv, truth(verify_rows, verify_kv) + per_drafted * drafted, drafted]]
+    cost = _fit(samples.tolist())
+    assert cost.w[-1] == pytest.approx(per_drafted * 100, rel=0.05)  # seconds per hundred drafted rows
+    step = features([64], [8000], [48])  # 16 sequences verifying 3 drafts each
+    assert cost.predict(step)[0] == pytest.approx(truth(64, 8000) + per_drafted * 48, rel=0.03)
+    assert cost.predict(features([64], [8000]))[0] == pytest.approx(truth(64, 8000), rel=0.03)
 
 
 def test_the_online_fit_follows_a_machine_that_slows_down():
