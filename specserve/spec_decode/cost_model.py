@@ -2,12 +2,12 @@
 this machine (docs/design.md §3.2).
 
 Both are linear in their parameters: a piecewise-linear curve in the row count (hat functions on
-log-spaced knots, so the weight of a knot is the time at that many rows: flat while weights are read once
-for all rows, rising once arithmetic dominates), a term in the KV tokens the step's attention reads, and one
-in the drafted rows: a verify row is dearer than a prefill row of the same count (it runs the LM head, and its
-queries share one sequence's attention), which a curve profiled on decode rows (one a sequence) and prefill
-chunks (one logit a chunk) alone priced too low, so the policy drafted where it did not pay
-(docs/experiments/engine-kernels-adaptive-2026-11.md).
+knots, so the weight of a knot is the time at that many rows: flat while weights are read once for all
+rows, rising once arithmetic dominates) plus a term in the KV tokens the step's attention reads. The knots
+are every row count up to 8, where drafting decisions are made and the CPU kernels' row tiles make the
+curve a staircase (here 3 rows cost what 2 do, 4 rows 1.6 times as much): interpolated between powers of two,
+4- and 5-row verify steps came out 15-25% cheaper than measured and the policy drafted where it did not pay
+(docs/experiments/engine-kernels-adaptive-2026-11.md); then roughly every factor 1.5 to 64, then powers of two.
 A short profile at startup fixes the curve (least squares; cached per model pair, device, dtype and
 threads), then an exponentially weighted least-squares refit anchored to the profile follows the machine from
 every step's measured phase times. Its running error is exported (`relative_error`).
@@ -29,10 +29,9 @@ from specserve.spec_decode.config import NGRAM
 
 log = logging.getLogger("specserve.cost")
 
-KNOTS = np.array([1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096], dtype=float)
+KNOTS = np.array([1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64, 128, 256, 512, 1024, 2048, 4096], dtype=float)
 KV_SCALE = 1e-3  # the KV feature in thousands of tokens, so weights are of similar size
-DRAFTED_SCALE = 1e-2  # the drafted-rows feature in hundreds of rows, likewise
-PROFILE_VERSION = 2  # bumped when the profile's shapes or columns change: older cached profiles are not read
+PROFILE_VERSION = 3  # bumped when the profile's shapes or columns change: older cached profiles are not read
 MAX_PROFILED_ROWS = 512  # larger steps (long prefill chunks) continue the last profiled slope: compute-bound
 
 
@@ -60,13 +59,11 @@ def row_basis(rows) -> np.ndarray:
     return _row_basis(r)
 
 
-def features(rows, kv_tokens, drafted=0) -> np.ndarray:
-    """[n, d] features of n forwards: the row basis, the KV tokens attention reads, and the drafted rows (verify
-    rows past each sequence's first: rows that run the LM head as a decode row does, in a sequence's group)."""
+def features(rows, kv_tokens) -> np.ndarray:
+    """[n, d] features of n forwards: the row basis and the KV tokens attention reads."""
     basis = row_basis(rows)
     kv = np.broadcast_to(np.asarray(kv_tokens, dtype=float), (len(basis),))[:, None] * KV_SCALE
-    drafted = np.broadcast_to(np.asarray(drafted, dtype=float), (len(basis),))[:, None] * DRAFTED_SCALE
-    return np.hstack([basis, kv, drafted])
+    return np.hstack([basis, kv])
 
 
 class LinearCost:
@@ -147,13 +144,13 @@ class StepCostModel:
     observed: int = 0
     _ewma: float = field(default=0.05, repr=False)
 
-    def verify_time(self, rows, kv_tokens, drafted=0) -> np.ndarray:
-        return self.verify.predict(features(rows, kv_tokens, drafted))
+    def verify_time(self, rows, kv_tokens) -> np.ndarray:
+        return self.verify.predict(features(rows, kv_tokens))
 
-    def verify_curve(self, rows: np.ndarray, kv_tokens, drafted=0) -> np.ndarray:
+    def verify_curve(self, rows: np.ndarray, kv_tokens) -> np.ndarray:
         """verify_time over increasing `rows`, made non-decreasing: a step never gets cheaper with more
         rows, and a policy must not be able to exploit a fit that says otherwise."""
-        return np.maximum.accumulate(self.verify_time(rows, kv_tokens, drafted))
+        return np.maximum.accumulate(self.verify_time(rows, kv_tokens))
 
     def draft_time(self, draft: str | None, rows, kv_tokens) -> np.ndarray:
         """Seconds of one draft forward over `rows` rows (0 for prompt lookup, which runs no model)."""
@@ -166,10 +163,10 @@ class StepCostModel:
         return np.where(rows > 0, cost.predict(features(rows, kv_tokens)), 0.0)
 
     def observe(self, verify_rows: int, verify_kv: int, forward_s: float,
-                draft_forwards: list[tuple[str, int, int]], draft_s: float, drafted: int = 0) -> float:
-        """One step's measured phases: the target forward (`drafted` of its rows verify drafts), and the draft
-        forwards [(draft, rows, kv)]. Returns what the model predicted for them before learning from this step."""
-        f = features(verify_rows, verify_kv, drafted)[0]
+                draft_forwards: list[tuple[str, int, int]], draft_s: float) -> float:
+        """One step's measured phases: the target forward, and the draft forwards [(draft, rows, kv)].
+        Returns what the model predicted for them before learning from this step."""
+        f = features(verify_rows, verify_kv)[0]
         predicted = float(f @ self.verify.w)
         self.verify.update(f, forward_s)
         by_draft: dict[str, np.ndarray] = {}
@@ -204,7 +201,7 @@ class StepCostModel:
         else:
             log.info("profiling the step cost of this machine (once: the result is cached)")
             t0 = time.perf_counter()
-            data = {"verify": _time_grid(target_runner, max_rows, verify=True),
+            data = {"verify": _time_grid(target_runner, max_rows),
                     "drafts": {name: _time_grid(runner, 64) for name, runner in draft_runners.items()}}
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(data))
@@ -213,12 +210,10 @@ class StepCostModel:
 
 
 def _fit(samples: list[list[float]]) -> LinearCost:
-    """Least squares on (rows, kv, seconds[, drafted]) samples; knots past the largest profiled row count
-    continue the last profiled slope (a step never carries more rows than profiled, but interpolation may
-    touch them)."""
+    """Least squares on (rows, kv, seconds) samples; knots past the largest profiled row count continue the
+    last profiled slope (a step never carries more rows than profiled, but interpolation may touch them)."""
     data = np.array(samples)
-    drafted = data[:, 3] if data.shape[1] > 3 else 0
-    cost = LinearCost.fit(features(data[:, 0], data[:, 1], drafted), data[:, 2])
+    cost = LinearCost.fit(features(data[:, 0], data[:, 1]), data[:, 2])
     last = int(np.searchsorted(KNOTS, data[:, 0].max(), side="right")) - 1
     if last >= 1:
         slope = (cost.w[last] - cost.w[last - 1]) / (KNOTS[last] - KNOTS[last - 1])
@@ -228,32 +223,26 @@ def _fit(samples: list[list[float]]) -> LinearCost:
     return cost
 
 
-def _time_grid(runner, max_rows: int, context: int = 128, long_context: int = 1024,
-               verify: bool = False) -> list[list[float]]:
-    """[(rows, kv tokens, seconds, drafted rows)] for forwards at every knot up to max_rows (up to 32 rows one
-    a sequence, as decodes; past that, several a sequence with one logit each, as prefill chunks), a few at a
-    long context for the KV term and, with `verify`, verify-shaped ones (k + 1 rows a sequence, each with
-    its logits) for the drafted-rows term. Uses cache blocks from 0 up: run before any request exists."""
+def _time_grid(runner, max_rows: int, context: int = 128, long_context: int = 1024) -> list[list[float]]:
+    """[(rows, kv tokens, seconds)] for decode/verify-shaped forwards at every knot up to max_rows, and a few
+    at a long context for the KV term. Uses cache blocks from 0 up: run before any request exists."""
     block = runner.block_size
     num_blocks = runner.num_blocks
     max_rows = min(max_rows, MAX_PROFILED_ROWS)
-    shapes = [(n, context, 1) for n in KNOTS if n <= max_rows]
-    shapes += [(max_rows, context, 1)] if max_rows not in KNOTS else []
-    shapes += [(n, long_context, 1) for n in (1, 32) if n <= max_rows]
-    if verify:
-        shapes += [(seqs * q, context, q) for seqs in (1, 4, 16) for q in (3, 5) if seqs * q <= max_rows]
+    shapes = [(n, context) for n in KNOTS if n <= max_rows]
+    shapes += [(max_rows, context)] if max_rows not in KNOTS else []
+    shapes += [(n, long_context) for n in (1, 32) if n <= max_rows]
     rows = []
-    for n, ctx, group in shapes:
+    for n, ctx in shapes:
         n = int(n)
-        seqs = min(n, 32) if group == 1 else n // group
+        seqs = min(n, 32)
         q = -(-n // seqs)
         ctx = min(ctx, runner.config.max_position_embeddings - q)
         per = -(-(ctx + q) // block)
         seqs = min(seqs, num_blocks // per)
         if seqs < 1:
             continue
-        logits = q if group > 1 else 1  # a verify group's every row is sampled
-        items = [ForwardItem([1] * q, ctx + q, list(range(i * per, (i + 1) * per)), logits) for i in range(seqs)]
+        items = [ForwardItem([1] * q, ctx + q, list(range(i * per, (i + 1) * per)), 1) for i in range(seqs)]
         features_in = None
         if runner.model.fc is not None:  # an EAGLE draft reads a target feature per token
             features_in = torch.zeros(seqs * q, runner.config.hidden_size, dtype=runner.dtype, device=runner.device)
@@ -269,5 +258,5 @@ def _time_grid(runner, max_rows: int, context: int = 128, long_context: int = 10
         times = [timed()]
         while len(times) < 3 and sum(times) < 0.3:
             times.append(timed())
-        rows.append([seqs * q, seqs * (ctx + q), min(times[1:] or times), seqs * (logits - 1)])
+        rows.append([seqs * q, seqs * (ctx + q), min(times[1:] or times)])
     return rows

@@ -45,7 +45,7 @@ class SpeculationModels:
         n = len(batch)
         base = n + batch.pending_prefill
         rows = np.arange(base + n * batch.max_drafts + 1)
-        verify = cost.verify_curve(rows, batch.context_tokens + rows - base, drafted=rows - base)
+        verify = cost.verify_curve(rows, batch.context_tokens + rows - base)
         mean_context = batch.context_tokens / max(n, 1)
         draft_rows = np.arange(n + sum(max(r.draft_rows - 1, 0) for r in batch.requests) + 1)  # catch-up too
         drafts = {name: np.maximum.accumulate(cost.draft_time(name, draft_rows, draft_rows * mean_context))
@@ -71,9 +71,8 @@ class SpeculationModels:
             self.acceptance.observe(outcome)
         if self._cost is None:
             return None
-        drafted = feedback.num_verify_tokens - len(feedback.outcomes)
         return self._cost.observe(feedback.num_verify_tokens + feedback.num_prefill_tokens, feedback.forward_kv,
-                                  feedback.times.forward, feedback.draft_forwards, feedback.times.draft, drafted)
+                                  feedback.times.forward, feedback.draft_forwards, feedback.times.draft)
 
     def forget(self, request_id: str) -> None:
         self.acceptance.forget(request_id)

@@ -17,7 +17,7 @@ class FixedCost(StepCostModel):
     """A step cost model with given costs that does not learn from measured steps."""
 
     def __init__(self, verify: float, per_row: float, draft: float, drafts: list[str]):
-        n = len(KNOTS) + 3  # the row basis, its ramp, the KV and drafted-rows features
+        n = len(KNOTS) + 2  # the row basis, its ramp, the KV feature
         w_verify = np.zeros(n)
         w_verify[:len(KNOTS)] = verify + per_row * KNOTS
         w_draft = np.zeros(n)
