@@ -87,6 +87,7 @@ class LinearCost:
                  information: np.ndarray | None = None, prior_steps: float = 5.0):
         self.w0 = np.asarray(weights, dtype=float)
         self._w: np.ndarray | None = self.w0.copy()  # solved when read: unused drafts age without a solve
+        self._table: np.ndarray | None = None  # the row curve at every whole row count (by_rows), from w
         d = len(self.w0)
         self.R = np.eye(d) / prior if information is None else information
         self.forgetting = forgetting
@@ -102,6 +103,17 @@ class LinearCost:
 
     def predict(self, f: np.ndarray) -> np.ndarray:
         return f @ self.w
+
+    def by_rows(self, rows: np.ndarray, kv_tokens) -> np.ndarray:
+        """predict(features(rows, kv_tokens)) for whole row counts below the last knot, from a table of the
+        row curve kept until the weights change: the policies ask for a curve over every row count each step,
+        and building its features took most of a plan's time."""
+        rows, w = np.asarray(rows), self.w  # (reading w after an update solves, which drops the table)
+        if rows.size and (rows.dtype.kind not in "iu" or rows.min() < 0 or rows.max() >= len(_TABLE)):
+            return self.predict(features(rows, kv_tokens))
+        if self._table is None:
+            self._table = _TABLE @ w[:-1]
+        return self._table[rows] + np.asarray(kv_tokens, dtype=float) * KV_SCALE * w[-1]
 
     def update(self, f: np.ndarray, y: float) -> None:
         """Learn from one observation (f [d], y)."""
@@ -126,6 +138,7 @@ class LinearCost:
     def w(self) -> np.ndarray:
         if self._w is None:
             self._w = np.linalg.solve(self.A + self.R, self.b + self.R @ (self.speed * self.w0))
+            self._table = None
         return self._w
 
     @property
@@ -148,9 +161,9 @@ class StepCostModel:
         return self.verify.predict(features(rows, kv_tokens))
 
     def verify_curve(self, rows: np.ndarray, kv_tokens) -> np.ndarray:
-        """verify_time over increasing `rows`, made non-decreasing: a step never gets cheaper with more
-        rows, and a policy must not be able to exploit a fit that says otherwise."""
-        return np.maximum.accumulate(self.verify_time(rows, kv_tokens))
+        """verify_time over increasing whole `rows` (below the last knot), made non-decreasing: a step never
+        gets cheaper with more rows, and a policy must not be able to exploit a fit that says otherwise."""
+        return np.maximum.accumulate(self.verify.by_rows(rows, kv_tokens))
 
     def draft_time(self, draft: str | None, rows, kv_tokens) -> np.ndarray:
         """Seconds of one draft forward over `rows` rows (0 for prompt lookup, which runs no model)."""
@@ -160,7 +173,7 @@ class StepCostModel:
         rows = np.atleast_1d(np.asarray(rows))
         if cost is None:
             return np.zeros(len(rows))
-        return np.where(rows > 0, cost.predict(features(rows, kv_tokens)), 0.0)
+        return np.where(rows > 0, cost.by_rows(rows, kv_tokens), 0.0)
 
     def observe(self, verify_rows: int, verify_kv: int, forward_s: float,
                 draft_forwards: list[tuple[str, int, int]], draft_s: float) -> float:

@@ -139,3 +139,16 @@ def test_row_basis_table_equals_the_computed_basis():
     from specserve.spec_decode import cost_model
     for rows in (np.arange(0, 5000), np.array([0, 1, 3, 4096]), 7, [2.5, 9000.0], np.array([4097, 10000])):
         assert np.array_equal(cost_model.row_basis(rows), cost_model._row_basis(rows))
+
+
+def test_the_tabled_curve_equals_the_features_and_follows_updates():
+    rng = np.random.default_rng(4)
+    rows = np.r_[KNOTS[KNOTS <= 512], rng.integers(1, 513, 40)]
+    kv = rng.integers(100, 20000, len(rows))
+    cost = _fit(np.c_[rows, kv, truth(rows, kv)].tolist())
+    grid, kv_grid = np.arange(0, 600), 3000 + np.arange(0, 600)
+    assert np.allclose(cost.by_rows(grid, kv_grid), cost.predict(features(grid, kv_grid)))
+    for r in (1, 2, 3, 8):
+        cost.update(features(r, 2000)[0], 3 * float(truth(r, 2000)))  # the machine slowed down
+    assert np.allclose(cost.by_rows(grid, kv_grid), cost.predict(features(grid, kv_grid)))
+    assert np.allclose(cost.by_rows([5000], [0]), cost.predict(features([5000], [0])))  # past the table
