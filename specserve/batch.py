@@ -182,3 +182,4 @@ class StepResult:
     forward_kv: int                        # KV tokens the target forward's attention read (all its rows)
     confidences: list[list[float]] | None = None  # per decode, if the policy asked
     top_logprobs: list | None = None       # per request: [(token, log-probability)] of each committed token, if asked
+    prompt_logprobs: list = field(default_factory=list)  # (seq, first position, [{token: (logprob, rank)}])

@@ -10,7 +10,7 @@ import torch
 
 from specserve.batch import ForwardItem, PhaseTimes, Proposal, StepPlan, StepResult
 from specserve.engine.model_runner import ModelRunner
-from specserve.engine.sampler import Sampler
+from specserve.engine.sampler import Sampler, prompt_logprobs
 from specserve.engine.sequence import Sequence
 from specserve.engine.structured_output import apply_logit_bias, cut_drafts, logit_bias
 
@@ -59,8 +59,12 @@ class Executor:
         kept = cut_drafts(plan.decodes, proposal)  # structured output: drafts its grammar forbids go now
         t1 = time.perf_counter()
         clock.mark()
-        items, owners, sampling, draft_ids = self._forward_items(plan, proposal)
+        items, owners, sampling, draft_ids, prompt_rows = self._forward_items(plan, proposal)
         logits, hidden = self.runner.forward(items, all_hidden=bool(self.hidden_taps), device_ids=draft_ids)
+        prompt = []
+        if prompt_rows:  # requests that asked for prompt logprobs had every prompt row's logits computed
+            prompt = prompt_logprobs(logits, items, prompt_rows)
+            logits = logits[_sampled_rows(items, prompt_rows, logits.device)]
         t2 = time.perf_counter()
         clock.mark()
         bias = logit_bias(sampling, kept, proposal.lengths, logits.shape[-1], logits.device)
@@ -75,7 +79,7 @@ class Executor:
             times.draft, times.forward = device_draft, device_forward
             times.sample = max(0.0, time.perf_counter() - t0 - device_draft - device_forward)
         return StepResult(sampling, committed, logprobs, proposal, times, sum(it.ctx_len for it in items),
-                          confidences, top_logprobs)
+                          confidences, top_logprobs, prompt)
 
     def propose(self, plan: StepPlan) -> Proposal:
         """Drafts for the plan's decodes, each exactly as long as planned (or its lookup hit)."""
@@ -87,8 +91,9 @@ class Executor:
 
     def _forward_items(self, plan: StepPlan, proposal: Proposal):
         """The target's rows: each decode's last token + its drafts (on the device), then prefill chunks.
-        Returns (items, each item's sequence, the requests that sample, the drafts flattened in item order)."""
-        items, sampling, cells = [], [], []
+        Returns (items, each item's sequence, the requests that sample, the drafts flattened in item order, and
+        the prompt-logprob rows: (seq, position of the first token they predict, item index, rows))."""
+        items, sampling, cells, prompt_rows = [], [], [], []
         for i, (s, length) in enumerate(zip(plan.decodes, proposal.lengths)):
             seq = s.seq
             items.append(ForwardItem(seq.token_ids[seq.num_computed:], len(seq.token_ids) + length,
@@ -98,7 +103,14 @@ class Executor:
         for s in plan.prefills:
             seq, end = s.seq, s.seq.num_computed + s.num_tokens
             completes = end == len(seq.token_ids)
-            items.append(ForwardItem(seq.token_ids[seq.num_computed:end], end, seq.block_table, int(completes)))
+            # Row r of the chunk predicts position start + r + 1: those of prompt positions not yet scored
+            first = max(seq.num_computed + 1, len(seq.prompt_logprobs))
+            scored = min(end + 1, seq.num_prompt_tokens) - first
+            wants = seq.params.prompt_logprobs is not None and scored > 0
+            num_logits = end - seq.num_computed if wants else int(completes)
+            if wants:
+                prompt_rows.append((seq, first, len(items), first - seq.num_computed - 1, scored))
+            items.append(ForwardItem(seq.token_ids[seq.num_computed:end], end, seq.block_table, num_logits))
             if completes:
                 sampling.append(s)
         draft_ids = None
@@ -106,7 +118,7 @@ class Executor:
             index = [torch.tensor(c, dtype=torch.long, device=self.runner.device) for c in zip(*cells)]
             draft_ids = proposal.token_ids[index[0], index[1]]
         owners = [s.seq for s in plan.decodes] + [s.seq for s in plan.prefills]
-        return items, owners, sampling, draft_ids
+        return items, owners, sampling, draft_ids, prompt_rows
 
     def _tap(self, items, owners, decoded, hidden) -> None:
         """Hands each tap the hidden rows of positions that stay: a decode's last token and accepted drafts
@@ -117,3 +129,18 @@ class Executor:
             for tap in self.hidden_taps:
                 tap(seq, item.ctx_len - item.num_tokens, hidden[start:start + valid])
             start += item.num_tokens
+
+
+def _sampled_rows(items: list[ForwardItem], prompt_rows, device) -> torch.Tensor:
+    """The logits rows the sampler reads when some prefill items computed every row for prompt logprobs:
+    each other item's rows; of a prompt-logprob item only its last, and only if it completes its prompt (it
+    then samples the first output token)."""
+    scoring = {index: seq for seq, _, index, _, _ in prompt_rows}
+    rows, start = [], 0
+    for i, it in enumerate(items):
+        if i not in scoring:
+            rows += range(start, start + it.num_logits)
+        elif it.ctx_len == len(scoring[i].token_ids):
+            rows.append(start + it.num_logits - 1)
+        start += it.num_logits
+    return torch.tensor(rows, dtype=torch.long, device=device)

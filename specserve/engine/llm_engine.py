@@ -226,6 +226,8 @@ class LLMEngine:
             self.last_stats = StepStats(num_preempted=len(plan.preempted), t_schedule=t1 - t0)
             return outputs
         result = self.executor.execute(plan)
+        for seq, position, entries in result.prompt_logprobs:
+            seq.add_prompt_logprobs(position, entries)
         t2 = time.perf_counter()
         verdicts = [self.outputs.check(s.seq, tokens) for s, tokens in zip(result.sampling, result.committed)]
         committed = self.scheduler.update(plan, result, verdicts)
@@ -272,6 +274,8 @@ class LLMEngine:
         out = RequestOutput(seq.request_id, new, self.outputs.take_new_text(seq.request_id, finished), logprobs,
                             finished, seq.num_prompt_tokens, seq.num_output_tokens, seq.finish_reason,
                             seq.stop_reason, delta_top_logprobs=top)
+        if seq.params.prompt_logprobs is not None and (finished or new and len(new) == seq.num_output_tokens):
+            out.prompt_logprobs = list(seq.prompt_logprobs)
         if finished:
             out.prompt, out.prompt_token_ids = seq.prompt, seq.token_ids[:seq.num_prompt_tokens]
             out.text, out.token_ids = self.outputs.text(seq.request_id), seq.output_token_ids

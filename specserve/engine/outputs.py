@@ -28,6 +28,9 @@ class RequestOutput:
     token_ids: list[int] | None = None  # all generated tokens
     logprobs: list[float] | None = None
     top_logprobs: list[list[tuple[int, float]]] | None = None
+    # per prompt position, if params.prompt_logprobs: None, then {token: (raw log-probability, rank)}; set with
+    # the first tokens (they are known once the prompt is prefilled) and on the final output
+    prompt_logprobs: list | None = None
     spec: dict | None = None       # speculation stats of this request (SpecStats.as_dict(), plus "draft")
     metrics: dict | None = None    # arrival, first scheduled, first token, finished (monotonic seconds)
 

@@ -141,3 +141,33 @@ def _logprobs(logits, committed, sampling, starts, lengths):
         return chosen, None, None
     top = lsm.topk(n, dim=-1)
     return chosen, top.indices.view(len(wanted), k + 1, n), top.values.view(len(wanted), k + 1, n)
+
+
+def prompt_logprobs(logits: torch.Tensor, items, prompt_rows) -> list:
+    """Prompt logprobs from a forward's logits [R, V] (`items`' rows in order): prompt_rows holds (seq, first
+    position, item index, first row within the item's rows, rows), row j predicting the prompt token at first
+    position + j. Returns (seq, first position, [{token: (raw log-probability, rank)}]): the prompt token and
+    the params.prompt_logprobs most likely, ranked from 1 (one host read)."""
+    device = logits.device
+    starts = [0]
+    for it in items:
+        starts.append(starts[-1] + it.num_logits)
+    rows = [starts[index] + first_row + j for _, _, index, first_row, n in prompt_rows for j in range(n)]
+    targets = [t for seq, pos, _, _, n in prompt_rows for t in seq.token_ids[pos:pos + n]]
+    lsm = torch.log_softmax(logits[_index(rows, device)], dim=-1)
+    chosen = lsm.gather(1, _index(targets, device)[:, None])[:, 0]
+    rank = (lsm > chosen[:, None]).sum(dim=1) + 1
+    k = max(seq.params.prompt_logprobs for seq, *_ in prompt_rows)
+    top = lsm.topk(k, dim=-1) if k else None
+    chosen, rank, top_ids, top_lps = to_host(chosen, rank, top and top.indices, top and top.values)
+    out, i = [], 0
+    for seq, pos, _, _, n in prompt_rows:
+        entries = []
+        for _ in range(n):
+            entry = {targets[i]: (chosen[i], rank[i])}
+            for j in range(seq.params.prompt_logprobs):
+                entry.setdefault(top_ids[i][j], (top_lps[i][j], j + 1))
+            entries.append(entry)
+            i += 1
+        out.append((seq, pos, entries))
+    return out

@@ -30,6 +30,9 @@ class SamplingParams:
     min_tokens: int = 0
     logprobs: bool = False  # return the log-probability of each chosen token
     top_logprobs: int = 0   # and of the most likely tokens at each position, this many (needs logprobs)
+    # vLLM's: each prompt token's log-probability (after the first) and the this-many most likely tokens at its
+    # position; None: not computed (a request that asks is never served from the prefix cache)
+    prompt_logprobs: int | None = None
     # vLLM's penalties (sampling.penalize): presence and frequency on the output, repetition on prompt and output
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -67,6 +70,8 @@ class SamplingParams:
             (0 <= self.top_logprobs <= MAX_TOP_LOGPROBS,
              f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}"),
             (not self.top_logprobs or self.logprobs, "top_logprobs needs logprobs"),
+            (self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_TOP_LOGPROBS,
+             f"prompt_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.prompt_logprobs}"),
             (-2 <= self.presence_penalty <= 2, f"presence_penalty must be in [-2, 2], got {self.presence_penalty}"),
             (-2 <= self.frequency_penalty <= 2,
              f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}"),

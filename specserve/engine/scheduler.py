@@ -191,7 +191,7 @@ class Scheduler:
     def _take_cached_prefix(self, seq: Sequence) -> None:
         """An admitted request starts after the longest prefix of its tokens whose KV the prefix cache holds
         (its last token is always computed: its logits are needed)."""
-        if self.blocks.enable_caching:
+        if self.blocks.enable_caching and seq.params.prompt_logprobs is None:  # those need every prompt row
             seq.block_table = self.blocks.match(self._hashes(seq, len(seq.token_ids)), len(seq.token_ids))
             seq.num_computed = len(seq.block_table) * self.blocks.block_size
             seq.num_registered = len(seq.block_table)

@@ -66,6 +66,8 @@ class Sequence:
             params.seed if params.seed is not None else int(torch.randint(2**62, ())), device)
         self.logprobs: list[float] = []
         self.top_logprobs: list[list[tuple[int, float]]] = []  # per output token, if params.top_logprobs
+        # per prompt position, if params.prompt_logprobs: None for the first, then {token: (logprob, rank)}
+        self.prompt_logprobs: list[dict[int, tuple[float, int]] | None] = [None]
         self.finish_reason: str | None = None  # "stop" | "length" | "abort"
         self.stop_reason: str | int | None = None
         self.spec = SpecStats()
@@ -87,6 +89,13 @@ class Sequence:
     def in_prefill(self) -> bool:
         """More than one token lacks KV: a (re)prefill, not a decode step."""
         return len(self.token_ids) - self.num_computed > 1
+
+    def add_prompt_logprobs(self, position: int, entries: list[dict[int, tuple[float, int]]]) -> None:
+        """Record the prompt logprobs of positions position, position + 1, ... (those not yet recorded: a
+        request recomputed after preemption computes them again)."""
+        for p, entry in enumerate(entries, start=position):
+            if p == len(self.prompt_logprobs):
+                self.prompt_logprobs.append(entry)
 
     def append(self, tokens: list[int], logprobs: list[float] | None, top_logprobs: list | None = None) -> None:
         """Commit generated tokens (the output processor has already cut them at a stop)."""

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specserve.device_sync import to_host
 from specserve.errors import InvalidRequestError
 
 
@@ -157,7 +158,8 @@ def cut_drafts(decodes, proposal) -> dict[int, list[int]]:
     guided = [i for i, s in enumerate(decodes) if s.seq.grammar is not None]
     if not guided:
         return {}
-    rows = proposal.token_ids[guided].tolist() if any(proposal.lengths[i] for i in guided) else None
+    # (one more host read in a step where a guided request drafted: its drafts must be known before the verify)
+    rows = to_host(proposal.token_ids[guided])[0] if any(proposal.lengths[i] for i in guided) else None
     kept = {}
     for r, i in enumerate(guided):
         drafts = rows[r][:proposal.lengths[i]] if rows else []

@@ -44,7 +44,7 @@ def _unset(value) -> bool:
 # the values that are harmless (they ask for the default behaviour). Others are refused with a 400.
 _COMMON_UNSUPPORTED = {
     "min_p": lambda v: _unset(v) or v == 0, "typical_p": lambda v: _unset(v) or v == 1,
-    "length_penalty": lambda v: _unset(v) or v == 1, "use_beam_search": _unset, "prompt_logprobs": _unset,
+    "length_penalty": lambda v: _unset(v) or v == 1, "use_beam_search": _unset,
     "allowed_token_ids": _unset, "bad_words": _unset, "include_stop_str_in_output": _unset,
     "truncate_prompt_tokens": _unset, "logits_processors": _unset,
 }
@@ -166,6 +166,7 @@ class _SamplingRequest(_Open):
     skip_special_tokens: bool | None = True
     repetition_penalty: float | None = Field(None, gt=0, le=MAX_REPETITION_PENALTY)
     cache_salt: str | None = Field(None, min_length=1)  # only requests with the same salt share cached prefixes
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)  # vLLM's: each prompt token's log-probability
     # Structured output: OpenAI's response_format, vLLM's structured_outputs and its older guided_* fields
     response_format: dict | None = None
     structured_outputs: dict | None = None
@@ -221,7 +222,7 @@ class _SamplingRequest(_Open):
             skip_special_tokens=self.skip_special_tokens is not False,
             slo_tpot=None if self.slo_tpot_ms is None else self.slo_tpot_ms / 1000,
             slo_ttft=None if self.slo_ttft_ms is None else self.slo_ttft_ms / 1000, cache_salt=self.cache_salt,
-            structured_outputs=self.structured_output())
+            structured_outputs=self.structured_output(), prompt_logprobs=self.prompt_logprobs)
 
     @property
     def structured_field(self) -> str | None:
@@ -302,8 +303,6 @@ class CompletionRequest(_SamplingRequest):
 
     def check_supported(self) -> None:
         super().check_supported()
-        if self.echo:
-            raise APIError(400, "echo is not supported", "echo")
         if self.suffix:
             raise APIError(400, "suffix is not supported", "suffix")
         if self.best_of not in (None, 1):
@@ -324,7 +323,10 @@ class CompletionRequest(_SamplingRequest):
 
     def to_sampling_params(self, defaults: SamplingDefaults = SERVER_DEFAULTS) -> SamplingParams:
         max_tokens = defaults.limit(COMPLETION_DEFAULT_MAX_TOKENS) if self.max_tokens is None else self.max_tokens
-        return self.sampling_params(max_tokens, self.logprobs is not None, defaults, self.logprobs or 0)
+        params = self.sampling_params(max_tokens, self.logprobs is not None, defaults, self.logprobs or 0)
+        if self.echo and self.logprobs is not None:  # the echoed prompt's tokens carry logprobs too
+            params.prompt_logprobs = max(self.logprobs, params.prompt_logprobs or 0)
+        return params
 
 
 class ChatCompletionRequest(_SamplingRequest):

@@ -59,9 +59,11 @@ def choice_params(params, i: int):
 
 @dataclass
 class _Format:
-    """What differs between the completions and chat APIs: names, where text goes, logprob shape."""
+    """What differs between the completions and chat APIs: names, where text goes, logprob shape; and a
+    completion's echoed prompt (its text and token ids)."""
     chat: bool
     tokenizer: object
+    echo: tuple[str, list[int]] | None = None
 
     @property
     def prefix(self) -> str:
@@ -88,11 +90,28 @@ class _Format:
                                  "top_logprobs": [{"token": (a := self._text(t)), "logprob": alp,
                                                    "bytes": list(a.encode("utf-8"))} for t, alp in top]}
                                 for s, lp, top in zip(tokens, lps, tops)]}, offset
-        # logprobs=N: the N most likely tokens plus the chosen one (OpenAI's "up to N + 1")
+        # logprobs=N: the N most likely tokens plus the chosen one (OpenAI's "up to N + 1"); an echoed prompt's
+        # first token has none (None)
         return {"tokens": tokens, "token_logprobs": lps,
-                "top_logprobs": [{**{self._text(t): alp for t, alp in top}, s: lp}
+                "top_logprobs": [None if lp is None else {**{self._text(t): alp for t, alp in top}, s: lp}
                                  for s, lp, top in zip(tokens, lps, tops)],
                 "text_offset": offsets}, offset
+
+    def echoed(self, prompt_logprobs: list | None, n: int) -> tuple[list[int], list, list]:
+        """The echoed prompt's token ids, their log-probabilities and top-n lists (None for the first token),
+        from the engine's prompt logprobs (empty lists when not computed)."""
+        ids = self.echo[1]
+        if prompt_logprobs is None:
+            return ids, [], []
+        lps = [None if e is None else e[t][0] for t, e in zip(ids, prompt_logprobs)]
+        tops = [[] if e is None else [(t, lp) for t, (lp, rank) in sorted(e.items(), key=lambda x: x[1][1])
+                                      if rank <= n] for e in prompt_logprobs]
+        return ids, lps, tops
+
+    def prompt_logprobs(self, entries: list) -> list:
+        """vLLM's prompt_logprobs: per prompt token None (the first) or {token id: logprob, rank, text}."""
+        return [None if e is None else {str(t): {"logprob": lp, "rank": rank, "decoded_token": self._text(t)}
+                                        for t, (lp, rank) in e.items()} for e in entries]
 
     def _text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
@@ -142,11 +161,15 @@ class Serving:
         params = req.to_sampling_params(self.sampling_defaults)
         prompt = req.single_prompt()
         self.admit()
+        text = prompt if isinstance(prompt, str) else None
         if isinstance(prompt, str):
             self.bound.check(prompt, params.max_tokens, "prompt")
             prompt = await limits.encode(self.engine.tokenizer, prompt, add_special_tokens=True)
         ids = await self._prepare(req, prompt, params)
-        return await self._run(_Format(False, self.engine.tokenizer), req, ids, params, raw)
+        echo = None
+        if req.echo:
+            echo = (text if text is not None else self.engine.tokenizer.decode(ids, skip_special_tokens=False), ids)
+        return await self._run(_Format(False, self.engine.tokenizer, echo), req, ids, params, raw)
 
     async def chat(self, req: ChatCompletionRequest, raw: Request) -> Response:
         self.check_model(req.model)
@@ -182,7 +205,8 @@ class Serving:
         gens = [self._generate(ids, params if n == 1 else choice_params(params, i), rid if n == 1 else f"{rid}-{i}")
                 for i in range(n)]
         if req.stream:
-            return StreamingResponse(self._stream(fmt, head, gens, req.include_usage, params.logprobs),
+            return StreamingResponse(self._stream(fmt, head, gens, req.include_usage, params,
+                                                  req.prompt_logprobs is not None),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         finals = await self._collect(gens, raw)
@@ -192,8 +216,16 @@ class Serving:
             raise APIError(503, SHUTDOWN_MESSAGE)
         choices = []
         for i, final in enumerate(finals):
-            lp = fmt.logprobs(final.token_ids, final.logprobs, 0, final.top_logprobs)[0] if params.logprobs else None
-            choices.append(fmt.choice(final.text, lp, final.finish_reason, final.stop_reason, False, i))
+            ids, lps, tops, text = final.token_ids, final.logprobs, final.top_logprobs, final.text
+            if fmt.echo:  # the prompt, then the completion (OpenAI's echo)
+                e_ids, e_lps, e_tops = fmt.echoed(final.prompt_logprobs, params.top_logprobs)
+                ids, text = e_ids + ids, fmt.echo[0] + text
+                if params.logprobs:
+                    lps, tops = e_lps + lps, e_tops + (tops or [[] for _ in final.token_ids])
+            lp = fmt.logprobs(ids, lps, 0, tops)[0] if params.logprobs else None
+            choices.append(fmt.choice(text, lp, final.finish_reason, final.stop_reason, False, i))
+            if req.prompt_logprobs is not None:
+                choices[-1]["prompt_logprobs"] = fmt.prompt_logprobs(final.prompt_logprobs)
         body = dict(head, choices=choices, usage=usage(*finals), speculative=speculative(finals))
         return JSONResponse(body)
 
@@ -237,7 +269,8 @@ class Serving:
         except Exception as e:
             raise from_exception(e) from None
 
-    async def _stream(self, fmt: _Format, head: dict, gens: list, include_usage: bool, logprobs: bool):
+    async def _stream(self, fmt: _Format, head: dict, gens: list, include_usage: bool, params,
+                      with_prompt_logprobs: bool):
         def chunk(choices: list, **extra) -> str:
             body = dict(head, choices=choices, **extra)
             if include_usage:
@@ -259,6 +292,7 @@ class Serving:
 
         pumps = [asyncio.create_task(pump(i, g)) for i, g in enumerate(gens)]
         offsets = [0] * len(gens)  # characters of the tokens already sent (for logprobs' text_offset)
+        prompt_sent = [fmt.echo is None and not with_prompt_logprobs] * len(gens)  # echo, prompt_logprobs: first chunk
         finals: list[RequestOutput | None] = [None] * len(gens)
         try:
             if fmt.chat:
@@ -272,20 +306,30 @@ class Serving:
                     continue
                 if isinstance(out, Exception):
                     raise out
+                ids, lps, tops, text, extra = out.delta_token_ids, out.delta_logprobs, out.delta_top_logprobs, \
+                    out.delta_text, {}
+                if not prompt_sent[i] and (out.delta_token_ids or out.finished):  # the prefill is done
+                    prompt_sent[i] = True
+                    if fmt.echo:
+                        e_ids, e_lps, e_tops = fmt.echoed(out.prompt_logprobs, params.top_logprobs)
+                        ids, text = e_ids + ids, fmt.echo[0] + text
+                        if params.logprobs:
+                            lps, tops = e_lps + (lps or []), e_tops + (tops or [[] for _ in out.delta_token_ids])
+                    if with_prompt_logprobs:
+                        extra["prompt_logprobs"] = fmt.prompt_logprobs(out.prompt_logprobs)
                 lp = None
-                if logprobs and out.delta_token_ids:
-                    lp, offsets[i] = fmt.logprobs(out.delta_token_ids, out.delta_logprobs, offsets[i],
-                                                  out.delta_top_logprobs)
-                if not (out.delta_text or lp or out.finished):
+                if params.logprobs and ids:
+                    lp, offsets[i] = fmt.logprobs(ids, lps, offsets[i], tops)
+                if not (text or lp or extra or out.finished):
                     continue  # tokens held back (a possible stop string, an incomplete character)
                 if not out.finished:
-                    yield chunk([fmt.choice(out.delta_text, lp, None, None, True, i)])
+                    yield chunk([dict(fmt.choice(text, lp, None, None, True, i), **extra)])
                     continue
                 if out.finish_reason == "abort":  # only a shutdown aborts a request whose client is here
                     yield sse(error_body(503, SHUTDOWN_MESSAGE))
                     break
                 finals[i] = out
-                yield chunk([fmt.choice(out.delta_text, lp, out.finish_reason, out.stop_reason, True, i)],
+                yield chunk([dict(fmt.choice(text, lp, out.finish_reason, out.stop_reason, True, i), **extra)],
                             speculative=out.spec)
             else:
                 if include_usage:

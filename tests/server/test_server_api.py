@@ -275,6 +275,31 @@ def test_structured_output_through_every_field(client, reference):
     assert all(c.text in ("yes", "no") for c in r.choices)
 
 
+def test_echo_and_prompt_logprobs(client, reference):
+    """completions' echo (the prompt before the completion, its tokens with logprobs after the first) and
+    vLLM's prompt_logprobs, equal to the offline engine's, streamed and not."""
+    prompt = "echo the prompt back"
+    want = reference.generate([prompt], SamplingParams(max_tokens=5, temperature=0, prompt_logprobs=2,
+                                                       ignore_eos=True))[0]
+    ids = want.prompt_token_ids
+    r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=5, temperature=0, echo=True, logprobs=2,
+                                  extra_body={"ignore_eos": True, "prompt_logprobs": 2})
+    c = r.choices[0]
+    assert c.text == prompt + want.text
+    lp = c.logprobs
+    assert len(lp.tokens) == len(ids) + 5 and lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    for p in range(1, len(ids)):
+        assert lp.token_logprobs[p] == pytest.approx(want.prompt_logprobs[p][ids[p]][0], abs=1e-4)
+    served = c.model_extra["prompt_logprobs"]
+    assert served[0] is None and len(served) == len(ids)
+    assert {int(t) for t in served[1]} == set(want.prompt_logprobs[1])
+    stream = client.completions.create(model=MODEL, prompt=prompt, max_tokens=5, temperature=0, echo=True,
+                                       logprobs=2, stream=True, extra_body={"ignore_eos": True})
+    chunks = [ch.choices[0] for ch in stream if ch.choices]
+    assert "".join(ch.text for ch in chunks) == c.text
+    assert sum(len(ch.logprobs.tokens) for ch in chunks) == len(lp.tokens)
+
+
 def test_models_health_and_unknown_model(client, spec_server):
     models = client.models.list().data
     assert [m.id for m in models] == ["tiny", "tiny-alias"] and models[0].model_extra["max_model_len"] == 1024

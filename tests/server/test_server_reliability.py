@@ -279,7 +279,7 @@ def test_6_unknown_roles_and_tool_messages_are_a_400(server, messages, param):
     ({"function_call": {"name": "f"}}, "/chat/completions"),
     ({"tool_choice": "required"}, "/chat/completions"),
     ({"min_p": 0.1}, "/chat/completions"),
-    ({"prompt_logprobs": 1}, "/completions"),
+    ({"allowed_token_ids": [1, 2]}, "/completions"),
     ({"bad_words": ["hi"]}, "/completions"),
     ({"use_beam_search": True}, "/completions"),
 ])
