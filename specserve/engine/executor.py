@@ -12,7 +12,7 @@ from specserve.batch import ForwardItem, PhaseTimes, Proposal, StepPlan, StepRes
 from specserve.engine.model_runner import ModelRunner
 from specserve.engine.sampler import Sampler, prompt_logprobs
 from specserve.engine.sequence import Sequence
-from specserve.engine.structured_output import apply_logit_bias, cut_drafts, logit_bias
+from specserve.structured_output import apply_logit_bias, cut_drafts, logit_bias
 
 # A hidden-state tap: (seq, first position, rows [n, hidden]) with the target's final hidden state of every
 # position that stays committed. EAGLE drafts read them; `specserve distill` records them as training features.

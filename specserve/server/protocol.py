@@ -19,7 +19,7 @@ from pydantic_core import PydanticCustomError
 
 from specserve.engine.sampling_params import MAX_REPETITION_PENALTY, MAX_TOP_LOGPROBS, SamplingParams
 from specserve.engine.seeding import SEED_MAX, SEED_MIN
-from specserve.engine.structured_output import StructuredOutputsParams, closed
+from specserve.structured_output import StructuredOutputsParams, closed
 from specserve.errors import InvalidRequestError
 from specserve.server.errors import APIError
 

@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from specserve.engine.async_engine import AsyncLLMEngine
 from specserve.engine.outputs import RequestOutput
 from specserve.engine.sequence import SpecStats
-from specserve.engine.structured_output import InvalidGrammarError
+from specserve.structured_output import InvalidGrammarError
 from specserve.errors import SpecServeError
 from specserve.server import limits
 from specserve.server.errors import APIError, error_body, from_exception
@@ -128,6 +128,25 @@ class _Format:
         return c
 
 
+async def _first_of(gen, prefilled: asyncio.Event):
+    """The first choice's outputs; `prefilled` is set at its first (its prompt is then in the cache) or end."""
+    try:
+        async with aclosing(gen):
+            async for out in gen:
+                prefilled.set()
+                yield out
+    finally:
+        prefilled.set()
+
+
+async def _after(gen, prefilled: asyncio.Event):
+    """Another choice's outputs, its request sent once the first choice's prompt is prefilled."""
+    async with aclosing(gen):
+        await prefilled.wait()
+        async for out in gen:
+            yield out
+
+
 def _render_chat(tokenizer, messages: list[dict], add_generation_prompt: bool) -> str:
     """The chat template's text. It sees only what the client sent, so any failure in it is a 400."""
     try:
@@ -204,6 +223,9 @@ class Serving:
         # choices draw from seeds of their own, so that they differ and each one reproduces.
         gens = [self._generate(ids, params if n == 1 else choice_params(params, i), rid if n == 1 else f"{rid}-{i}")
                 for i in range(n)]
+        if n > 1:  # the others start once the first has its prompt's KV: they take it from the prefix cache
+            prefilled = asyncio.Event()
+            gens = [_first_of(gens[0], prefilled)] + [_after(g, prefilled) for g in gens[1:]]
         if req.stream:
             return StreamingResponse(self._stream(fmt, head, gens, req.include_usage, params,
                                                   req.prompt_logprobs is not None),

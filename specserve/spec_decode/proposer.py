@@ -21,6 +21,7 @@ from specserve.batch import DraftOffer, ForwardItem, Proposal, ScheduledSeq
 from specserve.model.kernels import argmax_rows
 from specserve.sampling import RowParams, exponentials, process, race
 from specserve.spec_decode.config import NGRAM
+from specserve.structured_output import DraftGuide
 
 
 class NgramIndex:
@@ -146,12 +147,16 @@ class Drafter:
         if proposal.sampled:
             proposal.probs = self._one_hot_lookups(found, proposal.sampled, k)
         step, device_ids = 0, None
+        guide = DraftGuide(decodes) if any(decodes[i].seq.grammar is not None for i in drafting) else None
         while items:
             logits, predicted = self.runner.forward(items, torch.cat(feats) if feats else None, device_ids=device_ids)
             proposal.draft_forwards.append((self.name, sum(it.num_tokens for it in items),
                                             sum(it.ctx_len for it in items)))
             if not drafting:  # only prefill catch-up rows
                 break
+            if guide is not None and (bias := guide.bias(drafting, proposal.token_ids, step, self.vocab_size,
+                                                          self.vocab_map)) is not None:
+                logits = logits.index_add(0, *bias)  # structured output: drafts within the grammar
             tokens = self._draft_one(logits, drafting, decodes, proposal, step)
             step += 1
             for i in drafting:
@@ -165,6 +170,8 @@ class Drafter:
             device_ids = tokens[torch.tensor(keep, dtype=torch.long, device=device)] if keep else None
             items = [ForwardItem([], len(decodes[i].seq.token_ids) + step, decodes[i].seq.block_table, 1, 1)
                      for i in drafting]
+        if guide is not None:
+            guide.finish()
         return proposal
 
     def peek(self, seq, k: int) -> DraftOffer:

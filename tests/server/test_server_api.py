@@ -250,7 +250,7 @@ def test_structured_output_through_every_field(client, reference):
     """response_format (json_schema, json_object), vLLM's structured_outputs and guided_* fields, streamed and
     not: the speculating server's greedy output is the offline engine's under the same grammar, and valid."""
     import jsonschema
-    from specserve.engine.structured_output import StructuredOutputsParams as Guide
+    from specserve.structured_output import StructuredOutputsParams as Guide
     messages = [{"role": "user", "content": "A person as JSON"}]
     prompt = reference.tokenizer.encode_chat(messages)
     cases = [
@@ -298,6 +298,18 @@ def test_echo_and_prompt_logprobs(client, reference):
     chunks = [ch.choices[0] for ch in stream if ch.choices]
     assert "".join(ch.text for ch in chunks) == c.text
     assert sum(len(ch.logprobs.tokens) for ch in chunks) == len(lp.tokens)
+
+
+def test_n_choices_share_the_prompts_kv(client, spec_server):
+    """The other choices start once the first has prefilled the prompt: they read its blocks from the cache."""
+    prompt = "a prompt long enough to fill several KV cache blocks of sixteen tokens each " * 3
+    before = parse_prometheus(httpx.get(spec_server.root + "/metrics").text)
+    r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, temperature=1.0, n=4, seed=1,
+                                  extra_body={"cache_salt": "n-choices"})  # a salt of its own: a cold cache
+    after = parse_prometheus(httpx.get(spec_server.root + "/metrics").text)
+    full = r.usage.prompt_tokens // 16 * 16
+    # each of the 3 others finds the prompt's full blocks (the one holding the last prompt token, perhaps not)
+    assert full >= 48 and after["prefix_cache_hits"] - before["prefix_cache_hits"] >= 3 * (full - 16)
 
 
 def test_models_health_and_unknown_model(client, spec_server):

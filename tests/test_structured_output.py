@@ -1,4 +1,4 @@
-"""Structured output (engine/structured_output.py): the output matches its schema, regex, choice or grammar, and
+"""Structured output (specserve/structured_output.py): the output matches its schema, regex, choice or grammar, and
 speculation keeps it exactly the constrained target's: greedy token-identical for every method, sampled
 output distributed as the masked target's distribution."""
 import json
@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from specserve import LLM, SamplingParams
-from specserve.engine.structured_output import StructuredOutputsParams as Guide
-from specserve.engine.structured_output import words
 from specserve.errors import InvalidRequestError
+from specserve.structured_output import StructuredOutputsParams as Guide
+from specserve.structured_output import words
 from tests.spec_decode.test_speculative_engine import METHODS, assert_follows, prompts, spec_config
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 6}, "b": {"type": "integer"}},
@@ -61,10 +61,8 @@ def test_greedy_speculation_under_a_grammar_is_token_identical(tiny_target, requ
     assert sum(o.spec["num_accepted_tokens"] for o in outs) > 10  # drafts passed the grammar and the target
 
 
-def test_drafts_the_grammar_forbids_are_cut_before_the_verify(tiny_target, tiny_draft):
-    """Drafts proposed by an unconstrained model mostly break a narrow regex: those are never verified."""
-    llm = LLM(model=str(tiny_target), dtype="float32",
-              speculative_config={"model": str(tiny_draft), "num_speculative_tokens": 4, "policy": "static"})
+def count_proposed(llm) -> list[int]:
+    """Draft tokens proposed per step, before the grammar cuts any."""
     executor, proposed = llm.engine.executor, []
     propose = executor.propose
 
@@ -74,11 +72,32 @@ def test_drafts_the_grammar_forbids_are_cut_before_the_verify(tiny_target, tiny_
         return proposal
 
     executor.propose = counted
+    return proposed
+
+
+def test_a_draft_models_proposals_stay_within_the_grammar(tiny_target, tiny_draft):
+    """The draft model drafts under the grammar's mask (DraftGuide): none of its drafts is cut, and the target
+    accepts them, although unconstrained it would draft anything but digits here."""
+    llm = LLM(model=str(tiny_target), dtype="float32",
+              speculative_config={"model": str(tiny_draft), "num_speculative_tokens": 4, "policy": "static"})
+    proposed = count_proposed(llm)
     outs = llm.generate(prompts(8, seed=4), SamplingParams(max_tokens=30, temperature=0,
                                                           structured_outputs=Guide(regex="[0-9]{30}")))
-    verified = sum(o.spec["num_draft_tokens"] for o in outs)
     assert all(re.fullmatch("[0-9]*", o.text) for o in outs)
-    assert verified < sum(proposed)
+    assert sum(o.spec["num_draft_tokens"] for o in outs) == sum(proposed) > 100
+    assert sum(o.spec["num_accepted_tokens"] for o in outs) > 50
+
+
+def test_lookup_drafts_the_grammar_forbids_are_cut_before_the_verify(tiny_target):
+    """Prompt lookup proposes what the context repeated, which a narrow regex mostly forbids: those drafts are
+    never verified."""
+    llm = LLM(model=str(tiny_target), dtype="float32",
+              speculative_config={"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1})
+    proposed = count_proposed(llm)
+    outs = llm.generate(prompts(8, seed=4), SamplingParams(max_tokens=30, temperature=0,
+                                                          structured_outputs=Guide(regex="[0-9]{30}")))
+    assert all(re.fullmatch("[0-9]*", o.text) for o in outs)
+    assert sum(o.spec["num_draft_tokens"] for o in outs) < sum(proposed)
 
 
 def allowed(grammar, vocab: int) -> torch.Tensor:
@@ -169,7 +188,7 @@ def test_bad_guides_are_clear_errors(tiny_target, fields, message):
      {"properties": {"properties": {"type": "string"}}, "additionalProperties": False}),
 ])
 def test_strict_mode_closes_objects(schema, expected):
-    from specserve.engine.structured_output import closed
+    from specserve.structured_output import closed
     before = json.dumps(schema)
     assert closed(schema) == expected
     assert json.dumps(schema) == before  # the input is not changed
