@@ -3,12 +3,13 @@ vocabulary at every position it samples, computed by llguidance (bench/grammar_b
 xgrammar on our tokenizer: both ~10 us a mask; llguidance compiles a schema ~8x faster and has the shorter
 tail, needs no transformers, and reads Lark and llama.cpp's GBNF alike).
 
-Under speculation (docs/design.md §4.4): before the verify forward, each guided request's drafts are cut at the
-first token its grammar forbids (the target, masked, would reject it anyway: a cut draft is a rejected one
-whose verify row is not paid for); after it, the mask of verify row j is the grammar's state after the output
-so far and drafts[:j], each computed by walking the drafts and rolling back. The target's masked distribution
-is what plain decoding samples from, so rejection sampling keeps the output exactly the constrained target's.
-The grammar advances only with committed tokens (Sequence.append).
+Under speculation (docs/design.md §4.4): a draft model drafts under the grammar's mask too (DraftGuide); before
+the verify forward, each guided request's drafts are cut at the first token its grammar forbids (kept_drafts:
+the target, masked, would reject it anyway, and a cut draft's verify rows are not paid for); after it, the
+mask of verify row j is the grammar's state after the output so far and drafts[:j], each computed by walking
+the drafts and rolling back. The target's masked distribution is what plain decoding samples from, so
+rejection sampling keeps the output exactly the constrained target's. The grammar advances only with
+committed tokens (Sequence.append).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import torch
 
 from specserve.device_sync import to_host
 from specserve.errors import InvalidRequestError
+from specserve.spec_decode.config import NGRAM
 
 
 class InvalidGrammarError(InvalidRequestError):
@@ -152,9 +154,21 @@ def words(vocab_size: int) -> int:
     return (vocab_size + 31) // 32
 
 
+def kept_drafts(valid: int, length: int, stochastic: bool) -> int:
+    """How many of a request's `length` drafts go to the verify when its grammar allows the first `valid`.
+    Those; and after them, for a draft drawn from a distribution q (a draft model's, sampled), the first
+    forbidden one too: the target (p = 0 there) rejects it and draws the recovered token from
+    normalize(max(0, p − q)), which is what keeps the output p's. Dropping it and drawing from p would
+    not: P(y) would be min(p, q) + (q(M) − β)/(1 − β)·max(0, p − q) + q(not M)·p (M: what the grammar
+    allows, β: the acceptance probability), not p (docs/design.md §4.4). A deterministic draft (greedy, or
+    prompt lookup's one-hot q) is dropped: its residual is p itself."""
+    return min(length, valid + 1) if stochastic and valid < length else valid
+
+
 def cut_drafts(decodes, proposal) -> dict[int, list[int]]:
-    """Cuts each guided decode's drafts at the first token its grammar forbids (proposal.lengths in place);
-    returns the kept drafts of each guided decode, by index. One host read of the drafts when any is guided."""
+    """Cuts each guided decode's drafts after the first token its grammar forbids (kept_drafts; proposal.lengths
+    in place); returns the grammar-valid drafts of each guided decode, by index. One host read of the drafts
+    when any is guided."""
     guided = [i for i, s in enumerate(decodes) if s.seq.grammar is not None]
     if not guided:
         return {}
@@ -164,7 +178,8 @@ def cut_drafts(decodes, proposal) -> dict[int, list[int]]:
     for r, i in enumerate(guided):
         drafts = rows[r][:proposal.lengths[i]] if rows else []
         n = decodes[i].seq.grammar.valid_prefix(drafts) if drafts else 0
-        proposal.lengths[i] = n
+        stochastic = proposal.probs is not None and i in proposal.sampled and proposal.sources[i] != NGRAM
+        proposal.lengths[i] = kept_drafts(n, len(drafts), stochastic)
         kept[i] = drafts[:n]
     return kept
 
@@ -174,7 +189,8 @@ def logit_bias(sampling, kept: dict[int, list[int]], lengths: list[int], vocab_s
     """For the guided requests among the step's sampling rows (decodes first, `lengths` drafts each, then
     prefills completing their prompt): the flattened row indices [R] and a bias [R, V] to add to their logits,
     0 where the grammar allows the token and FORBIDDEN where not; row j of a request is its grammar's state
-    after its drafts[:j]. None when no request is guided."""
+    after its drafts[:j] (past a kept forbidden draft, the state before it: those rows are never sampled).
+    None when no request is guided."""
     guided = [i for i, s in enumerate(sampling) if s.seq.grammar is not None]
     if not guided:
         return None
@@ -187,8 +203,8 @@ def logit_bias(sampling, kept: dict[int, list[int]], lengths: list[int], vocab_s
     r = 0
     for i in guided:
         grammar, drafts = sampling[i].seq.grammar, kept.get(i, [])
-        for j in range(len(drafts) + 1):
-            if j:
+        for j in range((lengths[i] if i < len(lengths) else 0) + 1):
+            if 1 <= j <= len(drafts):
                 grammar.advance(drafts[j - 1:j])
             grammar.fill(mask[r])
             r += 1

@@ -100,6 +100,29 @@ def test_lookup_drafts_the_grammar_forbids_are_cut_before_the_verify(tiny_target
     assert sum(o.spec["num_draft_tokens"] for o in outs) < sum(proposed)
 
 
+@pytest.mark.parametrize("stochastic", [True, False])
+def test_a_cut_draft_keeps_the_output_the_masked_targets(stochastic):
+    """One position, 3 tokens, the third forbidden: p = (0.9, 0.1, 0) (the masked target), drafts drawn from
+    q = (0.1, 0.5, 0.4) (a draft model's), or always the forbidden token (deterministic, q one-hot). Drafts are
+    cut as the engine cuts them (kept_drafts) and verified by the rejection sampler: the committed token follows p.
+    (Dropping a stochastic forbidden draft and drawing from p would give 0.86 / 0.14.)"""
+    from specserve.spec_decode.rejection_sampler import rejection_sample
+    from specserve.structured_output import kept_drafts
+    n = 20000
+    gen = torch.Generator().manual_seed(0)
+    p = torch.tensor([0.9, 0.1, 0.0])
+    q = torch.tensor([0.1, 0.5, 0.4]) if stochastic else torch.tensor([0.0, 0.0, 1.0])
+    drafts = torch.multinomial(q, n, replacement=True, generator=gen)
+    lengths = [kept_drafts(int(x != 2), 1, stochastic) for x in drafts.tolist()]
+    rows = torch.tensor([r for r, length in enumerate(lengths) for _ in range(length + 1)])
+    cells = [r for r, length in enumerate(lengths) if length]
+    out = rejection_sample(p.argmax().expand(len(rows)), p.expand(len(rows), 3).clone(), drafts[cells],
+                           q.expand(len(cells), 3).clone() if stochastic else None, lengths,
+                           [torch.Generator().manual_seed(s) for s in range(n)])
+    freq = torch.bincount(out[:, 0], minlength=3).float() / n  # the position's token: accepted, recovered or drawn
+    assert freq[2] == 0 and freq[0] == pytest.approx(0.9, abs=0.01)
+
+
 def allowed(grammar, vocab: int) -> torch.Tensor:
     """The grammar's next-token mask as [V] booleans."""
     row = torch.zeros(words(vocab), dtype=torch.int32)
