@@ -129,8 +129,14 @@ class Grammar:
         """How many of the leading tokens the grammar allows, in order."""
         return self.matcher.validate_tokens(tokens)
 
-    def advance(self, tokens: list[int]) -> None:
-        self.matcher.consume_tokens(tokens)
+    def advance(self, tokens: list[int]) -> int:
+        """Consume the tokens up to an end-of-sequence token (which ends the output, not the grammar: given to
+        a matcher that has matched all it can, it is an error, and a matcher in error stays so, rollbacks
+        included). Returns how many were consumed."""
+        n = next((k for k, t in enumerate(tokens) if t in self.eos), len(tokens))
+        if n:
+            self.matcher.consume_tokens(tokens[:n])
+        return n
 
     def rollback(self, n: int) -> None:
         self.matcher.rollback(n)
@@ -202,14 +208,14 @@ def logit_bias(sampling, kept: dict[int, list[int]], lengths: list[int], vocab_s
     mask = torch.empty(len(rows), words(vocab_size), dtype=torch.int32)
     r = 0
     for i in guided:
-        grammar, drafts = sampling[i].seq.grammar, kept.get(i, [])
+        grammar, drafts, advanced = sampling[i].seq.grammar, kept.get(i, []), 0
         for j in range((lengths[i] if i < len(lengths) else 0) + 1):
-            if 1 <= j <= len(drafts):
-                grammar.advance(drafts[j - 1:j])
+            if 1 <= j <= len(drafts) and advanced == j - 1:  # (rows after a drafted end of sequence: unused)
+                advanced += grammar.advance(drafts[j - 1:j])
             grammar.fill(mask[r])
             r += 1
-        if drafts:
-            grammar.rollback(len(drafts))
+        if advanced:
+            grammar.rollback(advanced)
     return torch.tensor(rows, dtype=torch.long).to(device), _bias(mask, vocab_size).to(device)
 
 
@@ -243,8 +249,7 @@ class DraftGuide:
             for r, token in zip(rows, previous):
                 i = drafting[r]
                 if self.advanced[i] == step - 1 and self.grammars[i].valid_prefix([token]) == 1:
-                    self.grammars[i].advance([token])
-                    self.advanced[i] += 1
+                    self.advanced[i] += self.grammars[i].advance([token])
             rows = [r for r in rows if self.advanced[drafting[r]] == step]  # (a forbidden draft is cut later)
             if not rows:
                 return None
