@@ -61,12 +61,12 @@ class Executor:
         clock.mark()
         items, owners, sampling, draft_ids, prompt_rows = self._forward_items(plan, proposal)
         logits, hidden = self.runner.forward(items, all_hidden=bool(self.hidden_taps), device_ids=draft_ids)
+        t2 = time.perf_counter()
+        clock.mark()
         prompt = []
         if prompt_rows:  # requests that asked for prompt logprobs had every prompt row's logits computed
             prompt = prompt_logprobs(logits, items, prompt_rows)
             logits = logits[_sampled_rows(items, prompt_rows, logits.device)]
-        t2 = time.perf_counter()
-        clock.mark()
         bias = logit_bias(sampling, kept, proposal.lengths, logits.shape[-1], logits.device)
         allowed = apply_logit_bias(logits, bias)  # structured output: what the grammar forbids at FORBIDDEN
         times.grammar = (t1 - t_cut) + (time.perf_counter() - t2)
@@ -92,7 +92,8 @@ class Executor:
     def _forward_items(self, plan: StepPlan, proposal: Proposal):
         """The target's rows: each decode's last token + its drafts (on the device), then prefill chunks.
         Returns (items, each item's sequence, the requests that sample, the drafts flattened in item order, and
-        the prompt-logprob rows: (seq, position of the first token they predict, item index, rows))."""
+        the prompt-logprob rows: (seq, position of the first token they predict, item index, first row within
+        the item's logits, rows))."""
         items, sampling, cells, prompt_rows = [], [], [], []
         for i, (s, length) in enumerate(zip(plan.decodes, proposal.lengths)):
             seq = s.seq

@@ -176,7 +176,8 @@ class Scheduler:
                     self.blocks.free(seq.block_table)
                     seq.num_computed = seq.num_registered = 0
                     break  # new requests wait rather than preempt admitted ones
-                plan.cache_queries += len(seq.token_ids) if self.blocks.enable_caching else 0
+                plan.cache_queries += len(seq.token_ids) if self.blocks.enable_caching and \
+                    seq.params.prompt_logprobs is None else 0
                 plan.cache_hits += seq.num_computed
             if waiting:
                 self.waiting.remove(seq)

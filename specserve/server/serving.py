@@ -21,11 +21,11 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from specserve.engine.async_engine import AsyncLLMEngine
 from specserve.engine.outputs import RequestOutput
 from specserve.engine.sequence import SpecStats
-from specserve.structured_output import InvalidGrammarError
 from specserve.errors import SpecServeError
 from specserve.server import limits
 from specserve.server.errors import APIError, error_body, from_exception
 from specserve.server.protocol import SERVER_DEFAULTS, ChatCompletionRequest, CompletionRequest, SamplingDefaults
+from specserve.structured_output import InvalidGrammarError
 
 
 SHUTDOWN_MESSAGE = "the server shut down before this request finished"
