@@ -97,16 +97,18 @@ class _Format:
                                  for s, lp, top in zip(tokens, lps, tops)],
                 "text_offset": offsets}, offset
 
-    def echoed(self, prompt_logprobs: list | None, n: int) -> tuple[list[int], list, list]:
-        """The echoed prompt's token ids, their log-probabilities and top-n lists (None for the first token),
-        from the engine's prompt logprobs (empty lists when not computed)."""
-        ids = self.echo[1]
-        if prompt_logprobs is None:
-            return ids, [], []
-        lps = [None if e is None else e[t][0] for t, e in zip(ids, prompt_logprobs)]
-        tops = [[] if e is None else [(t, lp) for t, (lp, rank) in sorted(e.items(), key=lambda x: x[1][1])
-                                      if rank <= n] for e in prompt_logprobs]
-        return ids, lps, tops
+    def echoed(self, text: str, ids: list[int], lps: list | None, tops: list | None, prompt_logprobs: list | None,
+               n: int) -> tuple[str, list[int], list | None, list | None]:
+        """The prompt (OpenAI's echo), then the completion's text, tokens and their logprobs and top-n lists
+        (None for the prompt's first token), the prompt's from the engine's prompt logprobs (computed when the
+        request asked for logprobs; lps stays None when it did not)."""
+        text, ids = self.echo[0] + text, self.echo[1] + ids
+        if lps is None or prompt_logprobs is None:
+            return text, ids, lps, tops
+        e_lps = [None if e is None else e[t][0] for t, e in zip(self.echo[1], prompt_logprobs)]
+        e_tops = [[] if e is None else [(t, lp) for t, (lp, rank) in sorted(e.items(), key=lambda x: x[1][1])
+                                        if rank <= n] for e in prompt_logprobs]
+        return text, ids, e_lps + lps, e_tops + (tops or [[] for _ in lps])
 
     def prompt_logprobs(self, entries: list) -> list:
         """vLLM's prompt_logprobs: per prompt token None (the first) or {token id: logprob, rank, text}."""
@@ -186,8 +188,9 @@ class Serving:
             prompt = await limits.encode(self.engine.tokenizer, prompt, add_special_tokens=True)
         ids = await self._prepare(req, prompt, params)
         echo = None
-        if req.echo:
-            echo = (text if text is not None else self.engine.tokenizer.decode(ids, skip_special_tokens=False), ids)
+        if req.echo:  # the prompt as sent, or its token ids' text
+            echo = (text if text is not None else self.engine.tokenizer.decode(ids, skip_special_tokens=False),
+                    ids)
         return await self._run(_Format(False, self.engine.tokenizer, echo), req, ids, params, raw)
 
     async def chat(self, req: ChatCompletionRequest, raw: Request) -> Response:
@@ -238,12 +241,9 @@ class Serving:
             raise APIError(503, SHUTDOWN_MESSAGE)
         choices = []
         for i, final in enumerate(finals):
-            ids, lps, tops, text = final.token_ids, final.logprobs, final.top_logprobs, final.text
-            if fmt.echo:  # the prompt, then the completion (OpenAI's echo)
-                e_ids, e_lps, e_tops = fmt.echoed(final.prompt_logprobs, params.top_logprobs)
-                ids, text = e_ids + ids, fmt.echo[0] + text
-                if params.logprobs:
-                    lps, tops = e_lps + lps, e_tops + (tops or [[] for _ in final.token_ids])
+            text, ids, lps, tops = final.text, final.token_ids, final.logprobs, final.top_logprobs
+            if fmt.echo:
+                text, ids, lps, tops = fmt.echoed(text, ids, lps, tops, final.prompt_logprobs, params.top_logprobs)
             lp = fmt.logprobs(ids, lps, 0, tops)[0] if params.logprobs else None
             choices.append(fmt.choice(text, lp, final.finish_reason, final.stop_reason, False, i))
             if req.prompt_logprobs is not None:
@@ -333,10 +333,8 @@ class Serving:
                 if not prompt_sent[i] and (out.delta_token_ids or out.finished):  # the prefill is done
                     prompt_sent[i] = True
                     if fmt.echo:
-                        e_ids, e_lps, e_tops = fmt.echoed(out.prompt_logprobs, params.top_logprobs)
-                        ids, text = e_ids + ids, fmt.echo[0] + text
-                        if params.logprobs:
-                            lps, tops = e_lps + (lps or []), e_tops + (tops or [[] for _ in out.delta_token_ids])
+                        text, ids, lps, tops = fmt.echoed(text, ids, (lps or []) if params.logprobs else None, tops,
+                                                          out.prompt_logprobs, params.top_logprobs)
                     if with_prompt_logprobs:
                         extra["prompt_logprobs"] = fmt.prompt_logprobs(out.prompt_logprobs)
                 lp = None

@@ -108,7 +108,7 @@ class LinearCost:
         """predict(features(rows, kv_tokens)) for whole row counts below the last knot, from a table of the
         row curve kept until the weights change: the policies ask for a curve over every row count each step,
         and building its features took most of a plan's time."""
-        rows, w = np.asarray(rows), self.w  # (reading w after an update solves, which drops the table)
+        rows, w = np.atleast_1d(np.asarray(rows)), self.w  # (reading w after an update solves: drops the table)
         if rows.size and (rows.dtype.kind not in "iu" or rows.min() < 0 or rows.max() >= len(_TABLE)):
             return self.predict(features(rows, kv_tokens))
         if self._table is None:
@@ -158,12 +158,12 @@ class StepCostModel:
     _ewma: float = field(default=0.05, repr=False)
 
     def verify_time(self, rows, kv_tokens) -> np.ndarray:
-        return self.verify.predict(features(rows, kv_tokens))
+        return self.verify.by_rows(rows, kv_tokens)
 
     def verify_curve(self, rows: np.ndarray, kv_tokens) -> np.ndarray:
-        """verify_time over increasing whole `rows` (below the last knot), made non-decreasing: a step never
-        gets cheaper with more rows, and a policy must not be able to exploit a fit that says otherwise."""
-        return np.maximum.accumulate(self.verify.by_rows(rows, kv_tokens))
+        """verify_time over increasing `rows`, made non-decreasing: a step never gets cheaper with more rows,
+        and a policy must not be able to exploit a fit that says otherwise."""
+        return np.maximum.accumulate(self.verify_time(rows, kv_tokens))
 
     def draft_time(self, draft: str | None, rows, kv_tokens) -> np.ndarray:
         """Seconds of one draft forward over `rows` rows (0 for prompt lookup, which runs no model)."""
