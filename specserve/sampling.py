@@ -93,10 +93,36 @@ def penalize(logits: torch.Tensor, params, prompt: list[int], output: list[int],
     if drafts is not None and n > 1:
         seen = torch.zeros(n - 1, vocab, device=device).scatter_(1, drafts[:n - 1, None], 1.0)
         counts[1:] += seen.cumsum(0)
+    return apply_penalties(logits, params, counts, prompt_mask(params, prompt, vocab, device))
+
+
+def penalize_draft(logits: torch.Tensor, params, prompt: list[int], output: list[int], drafts: torch.Tensor,
+                   vocab: int, vocab_map: torch.Tensor | None) -> torch.Tensor:
+    """The same penalties on a draft model's row [1, Vd] proposing the token after the output and `drafts`
+    (target ids): the draft proposes from the distribution the target will verify against, so penalties
+    do not lower acceptance. vocab_map [Vd]: the target id of each draft head row (None: the same ids)."""
+    tokens = torch.cat([torch.tensor(output, dtype=torch.long, device=logits.device), drafts])
+    counts = torch.bincount(tokens, minlength=vocab)[None, :vocab].to(logits.dtype)
+    mask = prompt_mask(params, prompt, vocab, logits.device)
+    if vocab_map is not None:
+        counts, mask = counts[:, vocab_map], None if mask is None else mask[vocab_map]
+    return apply_penalties(logits, params, counts, mask)
+
+
+def prompt_mask(params, prompt: list[int], vocab: int, device) -> torch.Tensor | None:
+    """[V] bool: the prompt's tokens, which the repetition penalty counts as seen (None without it)."""
+    if params.repetition_penalty == 1.0:
+        return None
+    mask = torch.zeros(vocab, dtype=torch.bool, device=device)
+    mask[torch.tensor(prompt, dtype=torch.long, device=device)] = True
+    return mask
+
+
+def apply_penalties(logits: torch.Tensor, params, counts: torch.Tensor, prompt: torch.Tensor | None
+                    ) -> torch.Tensor:
+    """logits, counts [n, V] (each row's output-token counts), prompt [V] bool or None -> penalised logits."""
     out = logits - params.frequency_penalty * counts - params.presence_penalty * (counts > 0)
-    if params.repetition_penalty != 1.0:
-        seen = counts > 0
-        seen[:, torch.tensor(prompt, dtype=torch.long, device=device)] = True
+    if prompt is not None:
         r = params.repetition_penalty
-        out = torch.where(seen, torch.where(out > 0, out / r, out * r), out)
+        out = torch.where((counts > 0) | prompt, torch.where(out > 0, out / r, out * r), out)
     return out

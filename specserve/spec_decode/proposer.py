@@ -19,7 +19,7 @@ import torch
 
 from specserve.batch import DraftOffer, ForwardItem, Proposal, ScheduledSeq
 from specserve.model.kernels import argmax_rows
-from specserve.sampling import RowParams, exponentials, process, race
+from specserve.sampling import RowParams, exponentials, penalize_draft, process, race
 from specserve.spec_decode.config import NGRAM
 from specserve.structured_output import DraftGuide
 
@@ -157,6 +157,7 @@ class Drafter:
             if guide is not None and (bias := guide.bias(drafting, proposal.token_ids, step, self.vocab_size,
                                                           self.vocab_map)) is not None:
                 logits = logits.index_add(0, *bias)  # structured output: drafts within the grammar
+            logits = self._penalized(logits, drafting, decodes, proposal.token_ids, step)
             tokens = self._draft_one(logits, drafting, decodes, proposal, step)
             step += 1
             for i in drafting:
@@ -189,6 +190,21 @@ class Drafter:
         self.reset(request_id)
         if self.lookup is not None:
             self.lookup.free(request_id)
+
+    def _penalized(self, logits: torch.Tensor, drafting: list[int], decodes: list[ScheduledSeq],
+                   drafts: torch.Tensor, step: int) -> torch.Tensor:
+        """The draft logits [len(drafting), Vd] with each penalised request's row penalised as its verify row
+        will be (the drafts before it count as output); the same tensor when none asks for a penalty."""
+        wanted = [r for r, i in enumerate(drafting) if decodes[i].seq.params.penalized]
+        if not wanted:
+            return logits
+        logits = logits.clone()
+        for r in wanted:
+            seq = decodes[drafting[r]].seq
+            logits[r:r + 1] = penalize_draft(logits[r:r + 1], seq.params, seq.token_ids[:seq.num_prompt_tokens],
+                                             seq.output_token_ids, drafts[drafting[r], :step], self.vocab_size,
+                                             self.vocab_map)
+        return logits
 
     def _one_hot_lookups(self, found: list[list[int]], sampled: list[int], k: int) -> torch.Tensor:
         """[S, K, V] q rows for the sampled requests: one-hot at each looked-up token, the rest filled by drafting."""

@@ -1,11 +1,12 @@
 """vLLM's penalties (specserve/sampling.py `penalize`), table-driven, and in the engine: greedy output under
 penalties is the same with every speculation method as without speculation, since each verify row is
-penalised as plain decoding penalises that position (the drafts before it count as output)."""
+penalised as plain decoding penalises that position (the drafts before it count as output); a draft model's
+proposals are penalised alike, so a draft that is the target itself has every draft accepted under penalties."""
 import pytest
 import torch
 
 from specserve import LLM, SamplingParams
-from specserve.sampling import penalize
+from specserve.sampling import penalize, penalize_draft
 from tests.spec_decode.test_speculative_engine import METHODS, prompts, spec_config
 
 V = 6
@@ -37,6 +38,17 @@ def test_penalize(name, params, prompt, output, drafts, row, expected):
     assert torch.equal(logits, LOGITS.expand(n, V))  # the input is not changed
 
 
+@pytest.mark.parametrize("vocab_map", [None, [5, 0, 2, 3]], ids=["full head", "reduced head"])
+@pytest.mark.parametrize("name,params,prompt,output,drafts,row,expected", CASES, ids=[c[0] for c in CASES])
+def test_a_draft_row_is_penalised_as_its_verify_row(name, params, prompt, output, drafts, row, expected, vocab_map):
+    drafts = torch.tensor((drafts or [])[:row], dtype=torch.long)
+    vmap = None if vocab_map is None else torch.tensor(vocab_map)
+    rows = LOGITS if vmap is None else LOGITS[:, vmap]
+    got = penalize_draft(rows.clone(), SamplingParams(**params), prompt, output, drafts, V, vmap)
+    want = torch.tensor([expected]) if vmap is None else torch.tensor([expected])[:, vmap]
+    assert got[0].tolist() == pytest.approx(want[0].tolist())
+
+
 PENALTIES = dict(presence_penalty=0.4, frequency_penalty=0.3, repetition_penalty=1.3)
 
 
@@ -66,3 +78,15 @@ def test_penalties_are_checked():
     for bad in ({"presence_penalty": 2.5}, {"frequency_penalty": -3}, {"repetition_penalty": 0}):
         with pytest.raises(InvalidRequestError):
             SamplingParams(**bad)
+
+
+@pytest.mark.parametrize("temperature", [0, 0.8])
+def test_a_draft_that_is_the_target_has_every_draft_accepted_under_penalties(tiny_target, temperature):
+    """Unpenalised proposals from the target's own weights were accepted about half the time here (the
+    penalties move the target's choice away from repeats the draft kept proposing)."""
+    llm = LLM(model=str(tiny_target), dtype="float32",
+              speculative_config={"method": "draft_model", "model": str(tiny_target), "num_speculative_tokens": 4})
+    outs = llm.generate(prompts(24, seed=9), SamplingParams(max_tokens=20, temperature=temperature, ignore_eos=True,
+                                                            seed=3, **PENALTIES))
+    drafted = sum(o.spec["num_draft_tokens"] for o in outs)
+    assert drafted > 100 and sum(o.spec["num_accepted_tokens"] for o in outs) >= 0.95 * drafted
