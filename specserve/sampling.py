@@ -1,5 +1,5 @@
 """Sampling primitives shared by the engine's sampler and the draft proposers: temperature, top-k and top-p
-as batched tensor ops, and per-request seeded draws.
+as batched tensor ops, and per-request seeded draws (inverse-CDF: one uniform per sampled token).
 
 Every random draw of a request comes from its own torch.Generator, so a seeded request samples the same
 tokens whatever else shares its batch, and a request with no draft tokens draws exactly what plain
@@ -65,17 +65,26 @@ def to_probs(logits: torch.Tensor, params: list) -> torch.Tensor:
     return process(logits, RowParams.build(params, logits.shape[-1], logits.device, logits.dtype))
 
 
-def exponentials(generators: list[torch.Generator], size: int, device, dtype=torch.float32) -> torch.Tensor:
-    """[len(generators), size] Exp(1) noise, row i drawn from generators[i] (one device op per row)."""
+def uniforms(generators: list[torch.Generator], size: int, device, dtype=torch.float32) -> torch.Tensor:
+    """[len(generators), size] U[0, 1) draws, row i from generators[i] (one device op per row)."""
     noise = torch.empty(len(generators), size, dtype=dtype, device=device)
     for row, gen in zip(noise, generators):
-        row.exponential_(generator=gen)
+        row.uniform_(generator=gen)
     return noise
 
 
-def race(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-    """The exponential race: argmax of p / E with E ~ Exp(1) picks token i with probability p_i. [N]"""
-    return (probs / noise).argmax(dim=-1)
+def draw(probs: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
+    """[N, V] non-negative weights (not necessarily normalised) -> [N] tokens, token t of row i with
+    probability probs[i, t] / Σ probs[i], from one uniform of generators[i]: inverse-CDF sampling. The
+    cumulative sums are float64, so that the 49,152 additions of a vocabulary do not blur the tail's mass
+    (float32 could shift up to ~1e-3 of probability between tokens). A token of weight 0 is never drawn.
+    (The exponential race, argmax p / E over V Exp(1) draws, is as exact but draws V numbers per row:
+    0.95 ms a row at V = 49,152 on the CPU here, against 0.08-0.2 ms for this.)"""
+    cdf = probs.double().cumsum(dim=-1)                                    # [N, V]
+    total = cdf[:, -1:]                                                    # [N, 1]
+    x = uniforms(generators, 1, probs.device, torch.float64) * total       # [N, 1] in [0, total)
+    token = torch.searchsorted(cdf, x, right=True)[:, 0]                   # first t with cdf[t] > x
+    return torch.minimum(token, (cdf < total).sum(dim=-1))  # x rounded up to total: the last weighted token
 
 
 def penalize(logits: torch.Tensor, params, prompt: list[int], output: list[int], drafts: torch.Tensor | None

@@ -87,7 +87,6 @@ class LinearCost:
                  information: np.ndarray | None = None, prior_steps: float = 5.0):
         self.w0 = np.asarray(weights, dtype=float)
         self._w: np.ndarray | None = self.w0.copy()  # solved when read: unused drafts age without a solve
-        self._table: np.ndarray | None = None  # the row curve at every whole row count (by_rows), from w
         d = len(self.w0)
         self.R = np.eye(d) / prior if information is None else information
         self.forgetting = forgetting
@@ -105,15 +104,13 @@ class LinearCost:
         return f @ self.w
 
     def by_rows(self, rows: np.ndarray, kv_tokens) -> np.ndarray:
-        """predict(features(rows, kv_tokens)) for whole row counts below the last knot, from a table of the
-        row curve kept until the weights change: the policies ask for a curve over every row count each step,
-        and building its features took most of a plan's time."""
-        rows, w = np.atleast_1d(np.asarray(rows)), self.w  # (reading w after an update solves: drops the table)
+        """predict(features(rows, kv_tokens)) for whole row counts: the rows' hat functions read from the
+        precomputed basis table, two numpy operations (the policies ask for a curve over every row count a
+        step may carry, each step, after the weights changed; building the features took most of a plan)."""
+        rows, w = np.atleast_1d(np.asarray(rows)), self.w
         if rows.size and (rows.dtype.kind not in "iu" or rows.min() < 0 or rows.max() >= len(_TABLE)):
             return self.predict(features(rows, kv_tokens))
-        if self._table is None:
-            self._table = _TABLE @ w[:-1]
-        return self._table[rows] + np.asarray(kv_tokens, dtype=float) * KV_SCALE * w[-1]
+        return _TABLE[rows] @ w[:-1] + np.asarray(kv_tokens, dtype=float) * (KV_SCALE * w[-1])
 
     def update(self, f: np.ndarray, y: float) -> None:
         """Learn from one observation (f [d], y)."""
@@ -138,7 +135,6 @@ class LinearCost:
     def w(self) -> np.ndarray:
         if self._w is None:
             self._w = np.linalg.solve(self.A + self.R, self.b + self.R @ (self.speed * self.w0))
-            self._table = None
         return self._w
 
     @property

@@ -19,7 +19,7 @@ import torch
 
 from specserve.batch import DraftOffer, ForwardItem, Proposal, ScheduledSeq
 from specserve.model.kernels import argmax_rows
-from specserve.sampling import RowParams, exponentials, penalize_draft, process, race
+from specserve.sampling import RowParams, draw, penalize_draft, process
 from specserve.spec_decode.config import NGRAM
 from specserve.structured_output import DraftGuide
 
@@ -227,7 +227,7 @@ class Drafter:
             at = torch.tensor(sampled, dtype=torch.long, device=device)
             q = process(logits[at], RowParams.build([seqs[r].params for r in sampled], logits.shape[-1], device))
             local = local.clone()
-            local[at] = race(q, exponentials([seqs[r].generator for r in sampled], q.shape[-1], device))
+            local[at] = draw(q, [seqs[r].generator for r in sampled])
         tokens = local if self.vocab_map is None else self.vocab_map[local]
         rows = torch.tensor(drafting, dtype=torch.long, device=device)
         proposal.token_ids[rows, step] = tokens

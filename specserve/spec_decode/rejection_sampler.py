@@ -17,15 +17,16 @@ Every request commits its accepted tokens plus exactly one recovered or bonus to
 sequence is distributed exactly as if sampled from p token by token. Greedy requests accept while the
 draft equals the target's argmax and then commit the argmax.
 
-Random draws come from each request's own generator, in a fixed order (l_i uniforms, then one
-exponential race over the vocabulary), so a request with l_i = 0 draws exactly what plain decoding draws.
+Random draws come from each request's own generator, in a fixed order (l_i uniforms for acceptance, then
+one for the committed token's inverse-CDF draw), so a request with l_i = 0 draws exactly what plain
+decoding draws.
 Everything stays on the device: the caller transfers the result once.
 """
 from __future__ import annotations
 
 import torch
 
-from specserve.sampling import exponentials, race
+from specserve.sampling import draw
 
 PLACEHOLDER = -1  # output slots past a request's committed tokens
 
@@ -80,7 +81,7 @@ def rejection_sample(
             residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p)
         else:
             residual = p
-        last = race(residual, exponentials(generators, p.shape[-1], device, p.dtype))
+        last = draw(residual, generators)
 
     slots = torch.arange(k + 1, device=device)[None, :]
     padded = torch.cat([x, x.new_zeros(n_req, 1)], dim=1)
