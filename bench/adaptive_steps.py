@@ -38,7 +38,7 @@ def kind(s) -> str:
 def replay_steps(llm, texts, times, params, streams) -> dict:
     """adaptive.replay's run, each step's stats also summed by kind of step."""
     kinds: dict[str, dict] = {}
-    ratio, planned = [], []  # planned: (drafted, rows, committed, measured s, predicted s, planned tokens, plain s)
+    ratio, planned, factors = [], [], []  # planned: (drafted, rows, committed, measured s, predicted s, planned tokens, plain s)
 
     def on_step(s, outs) -> None:
         committed = sum(len(out.delta_token_ids) for out in outs)
@@ -54,6 +54,7 @@ def replay_steps(llm, texts, times, params, streams) -> dict:
             k[p] += getattr(s, p)
         if s.t_predicted:
             ratio.append((s.t_draft + s.t_forward) / s.t_predicted)
+            factors.append(llm.engine.models.drafting.factor)
         if s.planned_tokens is not None and s.num_decodes and not s.num_prefill_tokens:
             planned.append((sum(s.draft_lengths), s.num_decodes, committed, s.t_draft + s.t_forward, s.t_predicted,
                             s.planned_tokens, s.planned_plain_s))
@@ -62,7 +63,9 @@ def replay_steps(llm, texts, times, params, streams) -> dict:
     return {"mean_e2e": r["mean_e2e"], "mean_ttft": r["mean_ttft"], "kinds": kinds,
             "busy_s": sum(k[p] for k in kinds.values() for p in PHASES),
             "measured_over_predicted": statistics.median(ratio) if ratio else None,
-            "decisions": decisions(planned)}
+            "decisions": decisions(planned),
+            # the drafting steps' measured over predicted added time, as the policy charged it (DraftingError)
+            "drafting_factor": [min(factors), statistics.median(factors), max(factors)] if factors else None}
 
 
 def decisions(planned: list[tuple]) -> dict:
@@ -150,6 +153,12 @@ def summary(rows: list[dict]) -> str:
                          f"{d['tokens_per_row_planned']:.2f} | "
                          f"{d['tokens_per_row_measured']:.2f} | {d['time_over_plain_planned']:.2f} | "
                          f"{d['time_over_plain_measured']:.2f} | {d['gain_planned']:.2f} | {d['gain_measured']:.2f} |")
+    factors = [(r["repeat"], r["policy"], r["drafting_factor"]) for r in sorted(rows, key=lambda r: r["repeat"])
+               if r.get("drafting_factor") and r["policy"] != "off"]
+    if factors:
+        lines += ["", "Drafting steps' measured over predicted added time, as the policy charged it "
+                  "(predictors.DraftingError), over the run's steps: " + "; ".join(
+                      f"round {i} {p}: {f[1]:.2f} ({f[0]:.2f}-{f[2]:.2f})" for i, p, f in factors)]
     return "\n".join(lines) + "\n"
 
 

@@ -10,7 +10,8 @@ Two corrections make this the right trade under load (the TPOT check keeps the w
   prefilling as well as the n decodes, while the tokens it buys are the decodes' alone: the added time
   is charged w = (n + m) / n times. Without a queue (w = 1) this is plain goodput; as a queue builds,
   drafting must buy w times more to be worth it, and stops first where it buys least.
-So the charged time is T_0 − S + w (T − T_0), T_0 the step without drafts.
+So the charged time is T_0 − S + w (T − T_0), T_0 the step without drafts. (w also carries how much more
+time drafting steps turned out to add than the cost model predicted: predictors.DraftingError.)
 Adding the slot (i, j) is worth c_ij tokens; slots are added in order of falling survival (which keeps
 each request's slots a prefix: c_ij falls with j), and the best prefix of that order is the allocation.
 All prefixes are evaluated at once with numpy, so a plan costs tens of microseconds at 64 requests.
@@ -31,7 +32,8 @@ class StepCosts:
     draft: dict[str, np.ndarray]    # per draft: [max rows + 1] seconds of one draft forward with r rows
     base_rows: int                  # rows the target runs whatever is drafted (decodes' own + prefill)
     shared: float = 0.0             # S: seconds of the step a prefill chunk in it costs (not the decodes')
-    weight: float = 1.0             # w: requests each added second delays, per decode ((n + m) / n)
+    weight: float = 1.0             # w: requests each added second delays, per decode ((n + m) / n), times
+                                    # the measured over predicted added time of drafting steps (DraftingError)
 
 
 @dataclass(slots=True)

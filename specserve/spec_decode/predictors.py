@@ -12,10 +12,54 @@ from specserve.spec_decode.config import NGRAM
 from specserve.spec_decode.cost_model import StepCostModel
 
 
+class DraftingError:
+    """How much more time drafting adds to a step than the step cost model predicts, learned from the
+    steps themselves. The cost model fits forwards by their rows and KV tokens; a drafting step differs in
+    ways those features do not see (its rows come k + 1 to a request; the draft's forwards interleave with
+    the target's), and on this engine drafting steps under a bursty mixed load took 1.26-1.48 times a plain
+    step where the plan had predicted 1.20-1.31 (docs/experiments/engine-kernels-adaptive-2026-11.md). The
+    allocation charges the time drafting adds (T - T_0) times `factor`, so a bias of the model cannot make
+    drafting look cheaper than it turns out.
+
+    Decode-only steps only: a plain one (nothing drafted, no draft forward) measures the model's bias on
+    plain steps, b = Σ measured / Σ predicted; a drafting one adds measured - b T_0 to Σ added and its
+    predicted T - T_0 to Σ predicted added; factor = their ratio, exponentially forgotten, shrunk towards 1
+    by `prior_steps` pseudo-steps (so it returns to 1 as the evidence ages), kept within [0.5, 4]."""
+
+    def __init__(self, forgetting: float = 0.99, prior_steps: float = 5.0):
+        self.forgetting, self.prior_steps = forgetting, prior_steps
+        self.plain = [0.0, 0.0]  # Σ λ^age measured, predicted of plain steps
+        self.added = [0.0, 0.0, 0.0]  # Σ λ^age measured added, predicted added, drafting steps
+
+    def observe(self, drafted: bool, measured: float, predicted: float, plain_predicted: float) -> None:
+        """One decode-only step. Every step ages the drafting evidence, drafting or not: a policy that
+        stopped drafting because drafting looked dear drafts again once the evidence is old, and relearns."""
+        self.added = [self.forgetting * s for s in self.added]
+        if not drafted:
+            self.plain = [self.forgetting * s + v for s, v in zip(self.plain, (measured, predicted))]
+        elif predicted > plain_predicted:
+            step = (measured - self.bias * plain_predicted, predicted - plain_predicted, 1.0)
+            self.added = [s + v for s, v in zip(self.added, step)]
+
+    @property
+    def bias(self) -> float:
+        measured, predicted = self.plain
+        return measured / predicted if predicted > 0 else 1.0
+
+    @property
+    def factor(self) -> float:
+        measured, predicted, steps = self.added
+        if steps <= 0:
+            return 1.0
+        prior = self.prior_steps * predicted / steps  # prior_steps mean drafting steps measured as predicted
+        return float(min(max((measured + prior) / (predicted + prior), 0.5), 4.0))
+
+
 class SpeculationModels:
     def __init__(self, max_drafts: int, profile):
         """profile() -> StepCostModel: the startup sweep (or its cached result)."""
         self.acceptance = AcceptanceModel(max_drafts)
+        self.drafting = DraftingError()
         self._profile = profile
         self._cost: StepCostModel | None = None
 
@@ -54,7 +98,7 @@ class SpeculationModels:
         if batch.pending_prefill and n:  # the prefill chunk's share: the step with it minus the decodes alone
             shared = max(0.0, float(verify[base] - cost.verify_time(n, batch.context_tokens)[0]))
         weight = (n + batch.num_waiting + batch.num_prefilling) / max(n, 1)  # docs/design.md §3.1
-        return StepCosts(verify, drafts, base, shared, weight)
+        return StepCosts(verify, drafts, base, shared, weight * self.drafting.factor)
 
     def _serving(self, batch: BatchView) -> list[str]:
         """The drafts whose cost the batch's plan needs: those serving its requests, and the first draft for a
@@ -71,8 +115,15 @@ class SpeculationModels:
             self.acceptance.observe(outcome)
         if self._cost is None:
             return None
-        return self._cost.observe(feedback.num_verify_tokens + feedback.num_prefill_tokens, feedback.forward_kv,
-                                  feedback.times.forward, feedback.draft_forwards, feedback.times.draft)
+        drafted = feedback.num_verify_tokens - len(feedback.outcomes)
+        plain = float(self._cost.verify_time(len(feedback.outcomes), feedback.forward_kv - drafted)[0])
+        predicted = self._cost.observe(feedback.num_verify_tokens + feedback.num_prefill_tokens,
+                                       feedback.forward_kv, feedback.times.forward, feedback.draft_forwards,
+                                       feedback.times.draft)
+        if not feedback.num_prefill_tokens and (drafted or not feedback.draft_forwards):
+            measured = feedback.times.forward + (feedback.times.draft if feedback.draft_forwards else 0.0)
+            self.drafting.observe(bool(drafted), measured, predicted, plain)
+        return predicted
 
     def forget(self, request_id: str) -> None:
         self.acceptance.forget(request_id)

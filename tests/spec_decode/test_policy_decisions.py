@@ -197,3 +197,27 @@ def test_adaptive_prices_a_prompt_lookup_hit_as_free():
     offered = BatchView([replace(r, draft="ngram", max_drafts=3) for r in view.requests], K, 512, 10_000, 0)
     assert p.plan(view) == [0]
     assert p.plan(offered) == [3]
+
+
+def test_drafting_error_learns_the_added_time_and_forgets_it():
+    """Drafting steps that add twice the predicted time: the factor approaches 2, whatever the model's bias on
+    plain steps (here it predicts plain steps 10 % fast, which is not drafting's fault); then plain steps
+    alone bring it back towards 1."""
+    from specserve.spec_decode.predictors import DraftingError
+    error = DraftingError()
+    for _ in range(300):
+        error.observe(False, 0.011, 0.010, 0.010)             # plain: measured 1.1 x predicted
+        error.observe(True, 0.011 + 0.008, 0.014, 0.010)      # drafting: predicted to add 4 ms, added 8
+    assert error.bias == pytest.approx(1.1) and 1.9 < error.factor <= 2.0
+    for _ in range(700):
+        error.observe(False, 0.011, 0.010, 0.010)
+    assert error.factor < 1.05
+
+
+def test_adaptive_drafts_less_once_drafting_steps_turn_out_dearer_than_predicted():
+    p = policy("adaptive", cost_model(lambda n: 0.010 + 0.002 * n, lambda r: 0.0005), accepted=(3, 200))
+    before = sum(p.plan(batch(2)))
+    for _ in range(300):
+        p.models.drafting.observe(True, 0.016 + 0.009, 0.016, 0.012)  # predicted to add 4 ms: added 13
+    after = sum(p.plan(batch(2)))
+    assert before > 0 and after < before, (before, after)
