@@ -32,6 +32,7 @@ log = logging.getLogger("specserve.cost")
 KNOTS = np.array([1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64, 128, 256, 512, 1024, 2048, 4096], dtype=float)
 KV_SCALE = 1e-3  # the KV feature in thousands of tokens, so weights are of similar size
 PROFILE_VERSION = 3  # bumped when the profile's shapes or columns change: older cached profiles are not read
+REFRESH = 4  # observations between solves of the weights (LinearCost._aged)
 MAX_PROFILED_ROWS = 512  # larger steps (long prefill chunks) continue the last profiled slope: compute-bound
 
 
@@ -87,6 +88,7 @@ class LinearCost:
                  information: np.ndarray | None = None, prior_steps: float = 5.0):
         self.w0 = np.asarray(weights, dtype=float)
         self._w: np.ndarray | None = self.w0.copy()  # solved when read: unused drafts age without a solve
+        self._unsolved = REFRESH - 1  # observations since the last solve (re-solved every REFRESH; the first at once)
         d = len(self.w0)
         self.R = np.eye(d) / prior if information is None else information
         self.forgetting = forgetting
@@ -120,7 +122,7 @@ class LinearCost:
         if profiled > 0 and y > 0:
             self._log_speed = self.forgetting * self._log_speed + np.log(y / profiled)
             self._steps = self.forgetting * self._steps + 1.0
-        self._w = None
+        self._aged()
 
     def decay(self) -> None:
         """A step that did not run this forward: its evidence ages all the same, so that an outlier (a
@@ -129,7 +131,15 @@ class LinearCost:
         self.b *= self.forgetting
         self._log_speed *= self.forgetting
         self._steps *= self.forgetting
-        self._w = None
+        self._aged()
+
+    def _aged(self) -> None:
+        """New evidence: solve again once REFRESH observations have come in. A solve every step cost more
+        than the plan it fed (a cold 21 x 21 solve after each forward), and a few steps change little in
+        weights that remember ~200."""
+        self._unsolved += 1
+        if self._unsolved >= REFRESH:
+            self._w, self._unsolved = None, 0
 
     @property
     def w(self) -> np.ndarray:
