@@ -47,6 +47,7 @@ PER_POSITION = ("spec_decode_num_accepted_tokens_per_pos_total", "spec_decode_nu
 GAUGES = {
     "cost_model_relative_error": "spec_decode_cost_model_relative_error",
     "acceptance_calibration_error": "spec_decode_acceptance_calibration_error",
+    "drafting_cost_factor": "spec_decode_drafting_cost_factor",
     "requests_deferred": "requests_deferred",               # llama-server: requests waiting for a slot
     "busy_slots_per_decode": "n_busy_slots_per_decode",     # llama-server: average since start
 }

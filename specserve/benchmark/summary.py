@@ -57,7 +57,8 @@ def _policy(server_delta: dict | None) -> dict | None:
             "mean_step_time_s": mean("step_time_measured_s", "step_time_measured_count"),
             "mean_predicted_step_time_s": mean("step_time_predicted_s", "step_time_predicted_count"),
             "cost_model_relative_error": d.get("cost_model_relative_error"),
-            "acceptance_calibration_error": d.get("acceptance_calibration_error")}
+            "acceptance_calibration_error": d.get("acceptance_calibration_error"),
+            "drafting_cost_factor": d.get("drafting_cost_factor")}
 
 
 def build_record(results: list[RequestResult], *, run_id: str, label: str, k: int | None,

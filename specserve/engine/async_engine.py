@@ -165,6 +165,10 @@ class AsyncLLMEngine:
         return self.gauges.calibration_error
 
     @property
+    def drafting_cost_factor(self) -> float | None:
+        return self.gauges.drafting_cost_factor
+
+    @property
     def draft_names(self) -> list[str]:
         return self.info.draft_names
 

@@ -42,6 +42,7 @@ class Gauges:
     kv_usage: float
     cost_model_error: float | None
     calibration_error: float | None
+    drafting_cost_factor: float | None = None  # predictors.DraftingError.factor (None without a cost model)
 
 
 class EngineLoop:
@@ -76,7 +77,8 @@ class EngineLoop:
     def gauges(self) -> Gauges:
         engine, models = self.engine, self.engine.models
         cost = models.cost.relative_error if models.has_cost and models.cost.observed else None
-        return Gauges(engine.num_running, engine.kv_usage, cost, models.acceptance.calibration_error)
+        return Gauges(engine.num_running, engine.kv_usage, cost, models.acceptance.calibration_error,
+                      models.drafting.factor if models.has_cost else None)
 
     def _take_commands(self, wait: bool) -> None:
         """Every queued command; when idle, wait for one (a heartbeat if none comes)."""

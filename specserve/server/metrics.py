@@ -83,7 +83,10 @@ class ServerMetrics:
                  "time (NaN until the cost model runs)", lambda: engine.cost_model_error),
                 ("spec_decode_acceptance_calibration_error", "Expected calibration error of the acceptance "
                  "model's recent predictions (NaN until drafts with confidences are verified)",
-                 lambda: engine.calibration_error)):
+                 lambda: engine.calibration_error),
+                ("spec_decode_drafting_cost_factor", "Measured over predicted time that drafting added to "
+                 "recent steps, which the adaptive policy charges drafting (1 until measured; NaN without a "
+                 "cost model)", lambda: engine.drafting_cost_factor)):
             Gauge(P + name, doc, m, registry=r).labels(model_name).set_function(
                 lambda read=read: float("nan") if read() is None else read())
         # Requests with objectives (SLOs): how many met each, counted when they finish.

@@ -29,6 +29,7 @@ def test_objectives_policy_and_predictions_are_in_metrics(adaptive_server):
     measured = m.metric("specserve:spec_decode_step_time_seconds_count", kind="measured")
     assert measured > 0 and m.metric("specserve:spec_decode_step_time_seconds_count", kind="predicted") == measured
     assert m.metric("specserve:spec_decode_cost_model_relative_error") >= 0
+    assert 0.5 <= m.metric("specserve:spec_decode_drafting_cost_factor") <= 4
 
 
 def test_a_non_positive_objective_is_a_400(adaptive_server):
