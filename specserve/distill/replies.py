@@ -26,11 +26,12 @@ class FeatureRecorder:
     def __init__(self):
         self.rows: dict[str, torch.Tensor] = {}
 
-    def __call__(self, seq, start: int, rows: torch.Tensor) -> None:
-        if seq.request_id not in self.rows:  # kept in host memory: the training cache lives on disk
-            self.rows[seq.request_id] = torch.zeros(seq.num_prompt_tokens + seq.params.max_tokens, rows.shape[1],
-                                                    dtype=rows.dtype)
-        self.rows[seq.request_id][start:start + len(rows)] = rows.cpu()
+    def __call__(self, entries, hidden: torch.Tensor) -> None:
+        for seq, start, row, count in entries:
+            if seq.request_id not in self.rows:  # kept in host memory: the training cache lives on disk
+                self.rows[seq.request_id] = torch.zeros(seq.num_prompt_tokens + seq.params.max_tokens,
+                                                        hidden.shape[1], dtype=hidden.dtype)
+            self.rows[seq.request_id][start:start + count] = hidden[row:row + count].cpu()
 
 
 def target_replies(target_name: str, prompts: list[tuple[str, list[int]]], path: Path, max_reply_tokens: int,

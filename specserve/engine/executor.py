@@ -4,7 +4,7 @@ processor and the scheduler commit the result (the proposer's own tables are its
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -14,9 +14,18 @@ from specserve.engine.sampler import Sampler, prompt_logprobs
 from specserve.engine.sequence import Sequence
 from specserve.structured_output import apply_logit_bias, cut_drafts, logit_bias
 
-# A hidden-state tap: (seq, first position, rows [n, hidden]) with the target's final hidden state of every
-# position that stays committed. EAGLE drafts read them; `specserve distill` records them as training features.
-HiddenTap = Callable[[Sequence, int, torch.Tensor], None]
+# A hidden-state tap receives, after each step, the target's final hidden state of every position that stays
+# committed. EAGLE drafts read them; `specserve distill` records them as training features.
+class TapEntry(NamedTuple):
+    """One request's positions in a step's hidden rows: positions first .. first + count - 1 are hidden rows
+    row .. row + count - 1."""
+    seq: Sequence
+    first: int
+    row: int
+    count: int
+
+
+HiddenTap = Callable[[list[TapEntry], torch.Tensor], None]  # (entries, hidden [T, hidden]) after each step
 
 
 class DeviceClock:
@@ -122,14 +131,16 @@ class Executor:
         return items, owners, sampling, draft_ids, prompt_rows
 
     def _tap(self, items, owners, decoded, hidden) -> None:
-        """Hands each tap the hidden rows of positions that stay: a decode's last token and accepted drafts
-        (`decoded`: the decodes' committed tokens; decodes come first), every token of a prefill chunk."""
-        start = 0
+        """Hands each tap, in one call, the hidden rows of positions that stay: a decode's last token and
+        accepted drafts (`decoded`: the decodes' committed tokens; decodes come first), every token of a
+        prefill chunk. One call per step, not per request: a write per request cost ~30 us each."""
+        entries, start = [], 0
         for j, (item, seq) in enumerate(zip(items, owners)):
             valid = len(decoded[j]) if j < len(decoded) else item.num_tokens
-            for tap in self.hidden_taps:
-                tap(seq, item.ctx_len - item.num_tokens, hidden[start:start + valid])
+            entries.append(TapEntry(seq, item.ctx_len - item.num_tokens, start, valid))
             start += item.num_tokens
+        for tap in self.hidden_taps:
+            tap(entries, hidden)
 
 
 def _sampled_rows(items: list[ForwardItem], prompt_rows, device) -> torch.Tensor:

@@ -32,12 +32,23 @@ class TargetFeatures:
         return torch.tensor([block_table[p // size] * size + p % size for p in range(first, last + 1)],
                             dtype=torch.long, device=self.rows.device)
 
-    def write(self, block_table: list[int], start: int, rows: torch.Tensor) -> None:
-        if not len(rows):
+    def write(self, entries, hidden: torch.Tensor) -> None:
+        """entries: (seq, first position, first row in hidden, count) each (executor.TapEntry). As few torch
+        operations as possible: right after a forward each one runs cold (~20-120 us here, against ~5 warm),
+        so a plain decode step (every row kept) copies `hidden` whole, in one index_copy_."""
+        size, slots, rows = self.block_size, [], []
+        for seq, first, row, count in entries:
+            table = seq.block_table
+            slots += [table[p // size] * size + p % size for p in range(first, first + count)]
+            rows += range(row, row + count)
+        if not slots:
             return
         if self.rows is None:
-            self.rows = rows.new_zeros(self.num_slots, rows.shape[1])
-        self.rows[self.slots(block_table, start, start + len(rows) - 1)] = rows.to(self.rows.dtype)
+            self.rows = hidden.new_zeros(self.num_slots, hidden.shape[1])
+        if len(rows) != len(hidden) or rows[-1] != len(hidden) - 1:  # some rows are not kept (rejected drafts)
+            hidden = hidden[torch.tensor(rows, dtype=torch.long, device=hidden.device)]
+        self.rows.index_copy_(0, torch.tensor(slots, dtype=torch.long, device=self.rows.device),
+                              hidden.to(self.rows.dtype))
 
     def read(self, block_table: list[int], first: int, last: int) -> torch.Tensor:
         return self.rows[self.slots(block_table, first, last)]
@@ -56,9 +67,9 @@ class EagleProposer:
         # Prompt rows need the target's features: they ride in the request's first drafting forward.
         return self.drafter.propose(decodes, confidences, [], features=self._pending_features)
 
-    def observe_target(self, seq, start: int, rows: torch.Tensor) -> None:
-        """The target's hidden states [n, hidden] of committed positions start .. start + n - 1."""
-        self.features.write(seq.block_table, start, rows)
+    def observe_target(self, entries, hidden: torch.Tensor) -> None:
+        """The target's hidden states of the step's committed positions (executor.TapEntry each)."""
+        self.features.write(entries, hidden)
 
     def _pending_features(self, seq) -> torch.Tensor:
         """f_{j-1} for every draft row j from the draft cache's end to the last token (zeros before position 0)."""

@@ -94,8 +94,12 @@ class RoutedProposer:
                 at += len(part.sampled)
         return merged
 
-    def observe_target(self, seq, start: int, rows: torch.Tensor) -> None:
-        self.proposers[self.route(seq)].observe_target(seq, start, rows)
+    def observe_target(self, entries, hidden: torch.Tensor) -> None:
+        mine: dict[int, list] = {}
+        for entry in entries:
+            mine.setdefault(self.route(entry.seq), []).append(entry)
+        for index, part in mine.items():
+            self.proposers[index].observe_target(part, hidden)
 
     def on_commit(self, seq, num_committed: int) -> None:
         self.proposers[self.route(seq)].on_commit(seq, num_committed)
