@@ -10,6 +10,9 @@ The engine calls a policy at two points of a step (docs/design.md §3.4):
    outcomes via `DraftOutcome.outcomes`) and, if `wants_confidences`, the draft's probability of each
    token it drafted; the step's measured phase times and token counts.
 
+A policy that never drafts (`off`) sets `may_draft = False` and is called at neither point: the step then
+builds no view and looks nothing up, and costs what plain decoding's does.
+
 The lengths `plan` returns are final: drafting reads nothing back from the device, so the step keeps its
 one device->host read (the sampler's; on a GPU each further read stalls the pipeline). A policy keeps no
 state between calls beyond what it learns in `observe` (the engine's shared models hold acceptance and
@@ -49,6 +52,7 @@ class Policy:
     name = "policy"
     wants_confidences = False  # compute draft confidences and hand them to observe()
     uses_cost_model = False    # the engine profiles the step cost model at startup for it
+    may_draft = True           # False: plan() is never asked (no batch view, no lookups, nothing to observe)
     models = None              # the engine's SpeculationModels (spec_decode/predictors.py): step cost, acceptance
     last_plan = None           # a model-based policy's latest Allocation: its predictions, in the step's stats
 
