@@ -43,6 +43,8 @@ class Allocation:
     seconds: float       # predicted step time charged to the decodes, T_0 − S + w (T − T_0)
     plain_tokens: float  # the same for no drafting at all
     plain_seconds: float
+    drafting_rate: float = 0.0  # best tokens per second that drafting adds (any allocation), over plain
+                                # decoding's tokens per second: < 1, drafting lowers goodput (0: none could)
 
     @property
     def goodput(self) -> float:
@@ -92,7 +94,13 @@ def allocate(c: np.ndarray, drafts: list[str | None], limits: list[int], costs: 
     best = int(np.argmax(score))  # first maximum: the shortest of equally good prefixes
     lengths = np.zeros(b, dtype=int)
     np.add.at(lengths, req[:best], 1)
-    return Allocation(lengths.tolist(), float(tokens[best]), float(seconds[best]), float(tokens[0]), float(seconds[0]))
+    drafting = 0.0
+    if len(value) and not bound:
+        added = seconds[1:] - seconds[0]  # <= 0: the slots cost nothing, drafting pays whatever its rate
+        rate = np.where(added > 0, (tokens[1:] - tokens[0]) / np.maximum(added, 1e-12), np.inf)
+        drafting = float(rate.max() / (tokens[0] / seconds[0]))
+    return Allocation(lengths.tolist(), float(tokens[best]), float(seconds[best]), float(tokens[0]), float(seconds[0]),
+                      drafting)
 
 
 def evaluate(c: np.ndarray, lengths: list[int], drafts: list[str | None], costs: StepCosts,

@@ -221,3 +221,31 @@ def test_adaptive_drafts_less_once_drafting_steps_turn_out_dearer_than_predicted
         p.models.drafting.observe(True, 0.016 + 0.009, 0.016, 0.012)  # predicted to add 4 ms: added 13
     after = sum(p.plan(batch(2)))
     assert before > 0 and after < before, (before, after)
+
+
+def test_adaptive_skips_planning_while_drafting_stays_far_from_paying():
+    """A batch for which the best drafting allocation is predicted far below plain decoding: the next
+    quiet_steps plans of the same batch are not computed; a changed batch, or a new queue, plans again."""
+    p = policy("adaptive", COMPUTE_BOUND)
+    calls = []
+    step_costs = p.models.step_costs
+    p.models.step_costs = lambda view: calls.append(1) or step_costs(view)
+    view = batch(64)
+    for _ in range(1 + p.quiet_steps):
+        assert p.plan(view) == [0] * 64
+    assert len(calls) == 1
+    assert p.plan(view) == [0] * 64 and len(calls) == 2  # the quiet steps are used up: plans again
+    p.plan(batch(63))
+    assert len(calls) == 3  # another batch
+    p.plan(BatchView(view.requests, K, 512, 10_000, 5))
+    assert len(calls) == 4  # a queue formed
+
+
+def test_adaptive_plans_every_step_where_drafting_is_close_to_paying():
+    p = policy("adaptive", cost_model(lambda n: 0.010 + 0.002 * n, lambda r: 0.0005), accepted=(3, 200))
+    calls = []
+    step_costs = p.models.step_costs
+    p.models.step_costs = lambda view: calls.append(1) or step_costs(view)
+    for _ in range(5):
+        p.plan(batch(2))
+    assert len(calls) == 5
