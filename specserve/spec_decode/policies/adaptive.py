@@ -9,9 +9,10 @@ model of this machine and the acceptance model (docs/design.md §3.4). The defau
   drafting) unless the new choice is predicted better by more than `margin`, so estimates' noise does not
   flip lengths every step.
 - quiet steps: after a plan that drafted nothing because every drafting allocation was predicted to add
-  tokens at a rate at least `quiet_margin` below plain decoding's, the same batch (same requests and offers, same queue) does not
-  draft for up to `quiet_steps` more steps without planning again: a plan costs ~0.4 ms of host time right
-  after a forward here, 5 % of a batch-1 step, and a few steps of new evidence do not move a decision that far.
+  tokens at a rate at least `quiet_margin` below plain decoding's, the same batch (same requests and
+  offers, same queue) does not draft for up to `quiet_steps` more steps without planning again: a plan
+  costs ~0.4 ms of host time right after a forward here, 5 % of a batch-1 step, and a few steps of new
+  evidence do not move a decision that far.
 The plan is final: nothing is decided on the draft's confidences mid-step, which would cost a device read
 per draft step (docs/design.md §5).
 """
