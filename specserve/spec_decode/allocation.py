@@ -43,8 +43,8 @@ class Allocation:
     seconds: float       # predicted step time charged to the decodes, T_0 − S + w (T − T_0)
     plain_tokens: float  # the same for no drafting at all
     plain_seconds: float
-    drafting_rate: float = 0.0  # best tokens per second that drafting adds (any allocation), over plain
-                                # decoding's tokens per second: < 1, drafting lowers goodput (0: none could)
+    drafting_rate: float = 0.0  # when nothing is drafted: the best tokens per second drafting would add (any
+                                # allocation) over plain decoding's; < 1, drafting lowers goodput (0: none could)
 
     @property
     def goodput(self) -> float:
@@ -95,7 +95,7 @@ def allocate(c: np.ndarray, drafts: list[str | None], limits: list[int], costs: 
     lengths = np.zeros(b, dtype=int)
     np.add.at(lengths, req[:best], 1)
     drafting = 0.0
-    if len(value) and not bound:
+    if best == 0 and len(value) and not bound:  # (what the adaptive policy's quiet steps read)
         added = seconds[1:] - seconds[0]  # <= 0: the slots cost nothing, drafting pays whatever its rate
         rate = np.where(added > 0, (tokens[1:] - tokens[0]) / np.maximum(added, 1e-12), np.inf)
         drafting = float(rate.max() / (tokens[0] / seconds[0]))

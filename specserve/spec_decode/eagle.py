@@ -27,19 +27,18 @@ class TargetFeatures:
         self.num_slots, self.block_size = num_blocks * block_size, block_size
         self.rows: torch.Tensor | None = None  # [slots, hidden]
 
-    def slots(self, block_table: list[int], first: int, last: int) -> torch.Tensor:
+    def slots(self, block_table: list[int], first: int, last: int) -> list[int]:
+        """The cache slots of positions first .. last."""
         size = self.block_size
-        return torch.tensor([block_table[p // size] * size + p % size for p in range(first, last + 1)],
-                            dtype=torch.long, device=self.rows.device)
+        return [block_table[p // size] * size + p % size for p in range(first, last + 1)]
 
     def write(self, entries, hidden: torch.Tensor) -> None:
         """entries: (seq, first position, first row in hidden, count) each (executor.TapEntry). As few torch
         operations as possible: right after a forward each one runs cold (~20-120 us here, against ~5 warm),
         so a plain decode step (every row kept) copies `hidden` whole, in one index_copy_."""
-        size, slots, rows = self.block_size, [], []
+        slots, rows = [], []
         for seq, first, row, count in entries:
-            table = seq.block_table
-            slots += [table[p // size] * size + p % size for p in range(first, first + count)]
+            slots += self.slots(seq.block_table, first, first + count - 1)
             rows += range(row, row + count)
         if not slots:
             return
@@ -51,7 +50,7 @@ class TargetFeatures:
                               hidden.to(self.rows.dtype))
 
     def read(self, block_table: list[int], first: int, last: int) -> torch.Tensor:
-        return self.rows[self.slots(block_table, first, last)]
+        return self.rows[torch.tensor(self.slots(block_table, first, last), dtype=torch.long, device=self.rows.device)]
 
 
 class EagleProposer:

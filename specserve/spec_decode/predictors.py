@@ -116,11 +116,13 @@ class SpeculationModels:
         if self._cost is None:
             return None
         drafted = feedback.num_verify_tokens - len(feedback.outcomes)
-        plain = float(self._cost.verify_time(len(feedback.outcomes), feedback.forward_kv - drafted)[0])
+        decode_only = not feedback.num_prefill_tokens and (drafted or not feedback.draft_forwards)
+        if decode_only:  # the same step without its drafts, as the model saw it before learning from this one
+            plain = float(self._cost.verify_time(len(feedback.outcomes), feedback.forward_kv - drafted)[0])
         predicted = self._cost.observe(feedback.num_verify_tokens + feedback.num_prefill_tokens,
                                        feedback.forward_kv, feedback.times.forward, feedback.draft_forwards,
                                        feedback.times.draft)
-        if not feedback.num_prefill_tokens and (drafted or not feedback.draft_forwards):
+        if decode_only:
             measured = feedback.times.forward + (feedback.times.draft if feedback.draft_forwards else 0.0)
             self.drafting.observe(bool(drafted), measured, predicted, plain)
         return predicted
