@@ -41,9 +41,10 @@ import torch.nn.functional as F
 from torch import nn
 
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "lm_head": (49152, 576)}
-ROWS = [1, 2, 4, 9, 16]
+ROWS = [1, 2, 4, 5, 8, 9, 16, 32, 64]
 LLC_BYTES = 64 << 20  # at least this many bytes of weights cycled per implementation (> the L3 here)
-FORWARD_SHAPES = [(1, 1), (1, 2), (1, 4), (1, 9), (1, 16), (4, 1), (16, 1), (32, 1), (1, 256)]  # (seqs, rows)
+FORWARD_SHAPES = [(1, 1), (1, 2), (1, 4), (1, 5), (1, 9), (1, 16), (2, 1), (4, 1), (8, 1), (16, 1), (32, 1), (64, 1),
+                  (1, 256)]  # (seqs, rows)
 RESULTS = Path(__file__).parent / "results" / "cpu-kernels"
 
 
@@ -93,20 +94,19 @@ def shape_impls(n: int, k: int) -> dict:
                    lambda wt, x: torch.ops.aten._weight_int4pack_mm_for_cpu(x, wt, 32, sz), n * k // 2 + n * k // 32 * 4)
     except (RuntimeError, AttributeError):
         pass
-    for fmt in ("bf16", "q8_0", "q4_0", "q4_1", "q4_k"):
+    for name in ("ours bf16", "ours q8_0", "ours q4_0", "ours q4_1", "ours q4_k", "exact q8_0", "exact q4_1"):
+        fmt = name.split()[1]
         if fmt == "q4_k" and k % 256:
             continue
         if fmt == "bf16":
             lin = nn.Linear(k, n, bias=False).to(torch.bfloat16)
             lin.weight.data.copy_(w)
             make = lambda lin=lin: KernelLinear.from_linear(lin)  # noqa: E731
-        elif fmt == "q4_k":
-            blocks = random_q4_k(n, k)
-            make = lambda blocks=blocks: KernelLinear.from_gguf_blocks(blocks, "q4_k", k)  # noqa: E731
         else:
-            blocks = quantize(w, fmt)
-            make = lambda blocks=blocks, fmt=fmt: KernelLinear.from_gguf_blocks(blocks, fmt, k)  # noqa: E731
-        add_module(impls, f"ours {fmt}", make, lambda m, x: kernels.linear(
+            blocks = random_q4_k(n, k) if fmt == "q4_k" else quantize(w, fmt)
+            make = lambda blocks=blocks, fmt=fmt, dot=name.startswith("ours"): KernelLinear.from_gguf_blocks(  # noqa: E731
+                blocks, fmt, k, int8_dot=dot)
+        add_module(impls, name, make, lambda m, x: kernels.linear(
             x, m.weight_data, m.fmt, m.in_features, m.padded), make().weight_bytes)
     return impls
 
@@ -206,8 +206,10 @@ def load_variants(args) -> dict:
     from specserve.model.quantize import weight_summary
     variants = {}
     for name in args.variants.split(","):
-        quant = {"ours q8_0": "q8_0", "ours q4_0": "q4_0", "ours gguf": "gguf"}.get(name)
+        quant = {"ours q8_0": "q8_0", "ours q4_0": "q4_0", "ours gguf": "gguf", "exact gguf": "gguf"}.get(name)
+        os.environ["SPECSERVE_INT8_DOT"] = "0" if name.startswith("exact") else "1"
         loaded = load_model(args.model, "bfloat16", "cpu", quantization=quant)
+        os.environ.pop("SPECSERVE_INT8_DOT")
         summary = weight_summary(loaded.model)  # before packing: counts nn.Linear and KernelLinear
         if name == "before bf16":
             before_issue_45(loaded.model)

@@ -2,10 +2,14 @@
 
 `KernelLinear` replaces an nn.Linear for inference on the CPU. Its weight is held in the layout the kernel
 reads, chosen at load: float32/bf16 rows padded with zeros to a multiple of 32 inputs; GGUF blocks
-(Q8_0, Q4_0, Q4_1, Q4_K) as the file has them, with the nibbles of the 4-bit formats reordered inside
-each run of 32 weights (`repack_q4`) so that the kernel expands them with fewer instructions. The
-kernel computes every output element the same way whatever the number of rows (batch invariant) and
-equals the dequantized float32 matrix times x up to the order of accumulation (tests/model/test_cpu_linear.py).
+(Q8_0, Q4_0, Q4_1, Q4_K) either for **integer dot products** (the default: formats "i4" / "i8",
+`kernels/int8_dot.h`), where each input row is quantized to int8 blocks and multiplied in int32, or
+for the **exact path** (SPECSERVE_INT8_DOT=0: the blocks as the file has them, the nibbles of the 4-bit
+formats reordered inside each run of 32 weights by `repack_q4`, expanded to float32). The exact path
+equals the dequantized float32 matrix times x up to the order of accumulation; the integer path adds
+the activations' 8-bit rounding (as llama.cpp's q8 activations; bench/quality.py measures what it
+costs) and runs 32 rows several times faster. Both compute every output element the same way whatever
+the number of rows (batch invariant; tests/model/test_cpu_linear.py, test_int8_dot.py).
 
 A fused gate/up projection can keep its rows interleaved (gate_0, up_0, gate_1, ...): `swiglu` then
 returns silu(gate) * up straight from the kernel, with no [rows, 2 * intermediate] tensor in between;
@@ -28,6 +32,11 @@ SMALL_ROWS = 16  # with batch invariance off, larger inputs take `KernelLinear.l
 PAD = 32  # float32/bf16 rows are padded to a multiple of this many inputs (the kernel's block)
 # Offset of the nibbles in a block of each 4-bit format, and how many runs of 32 weights a block holds.
 Q4_LAYOUT = {"q4_0": (2, 1), "q4_1": (4, 1), "q4_k": (16, 8)}
+
+
+def int8_dot_default() -> bool:
+    """Whether GGUF blocks load for integer dot products (SPECSERVE_INT8_DOT, default 1) or exact (0)."""
+    return os.environ.get("SPECSERVE_INT8_DOT", "1") != "0"
 
 
 def invariant_linears(dtype: torch.dtype) -> bool:
@@ -102,7 +111,11 @@ class KernelLinear(nn.Module):
         super().__init__()
         self.weight_data, self.fmt = weight.contiguous(), fmt
         self.in_features, self.out_features = in_features, weight.shape[0]
-        self.padded = -(-in_features // PAD) * PAD if fmt in ("f32", "bf16") else in_features
+        self.source_fmt = fmt  # what the weights were (weight_summary); from_gguf_blocks sets it for i4/i8
+        self.padded = in_features
+        if fmt in ("f32", "bf16", "i4", "i8"):
+            pad = PAD if fmt in ("f32", "bf16") else kernels.INT8_GROUP_INPUTS
+            self.padded = -(-in_features // pad) * pad
         self.bias_f32 = None if bias is None else bias.detach().float().contiguous()
         self.interleaved = interleaved  # rows (and bias) in gate/up pairs: `swiglu` works, see forward
         # The kernel's leading arguments, for callers that go straight to C (cpu_forward.py).
@@ -131,18 +144,25 @@ class KernelLinear(nn.Module):
 
     @classmethod
     def from_gguf_blocks(cls, blocks: torch.Tensor, fmt: str, in_features: int, bias: torch.Tensor | None = None,
-                         interleave: bool = False) -> "KernelLinear":
-        """GGUF blocks [N, row bytes] as the file stores them (rows in our output order)."""
+                         interleave: bool = False, int8_dot: bool | None = None) -> "KernelLinear":
+        """GGUF blocks [N, row bytes] as the file stores them (rows in our output order); int8_dot: the
+        integer path or the exact one (None: `int8_dot_default()`)."""
         if fmt not in QUANT_FORMATS:
             raise ValueError(f"unsupported weight format {fmt!r}")
         block, nbytes = kernels.GGUF_BLOCKS[fmt]
         if in_features % block or blocks.shape[1] != in_features // block * nbytes:
             raise ValueError(f"{fmt} blocks of shape {tuple(blocks.shape)} cannot hold {in_features} inputs")
-        packed = repack_q4(blocks, fmt) if fmt in Q4_LAYOUT else blocks.contiguous()
+        kernel_fmt = fmt
+        if int8_dot if int8_dot is not None else int8_dot_default():
+            packed, kernel_fmt, _ = kernels.pack_int8(blocks, fmt, in_features)
+        else:
+            packed = repack_q4(blocks, fmt) if fmt in Q4_LAYOUT else blocks.contiguous()
         if interleave:
             packed = interleave_rows(packed)
             bias = None if bias is None else interleave_rows(bias.detach())
-        return cls(packed, fmt, in_features, bias, interleave)
+        module = cls(packed, kernel_fmt, in_features, bias, interleave)
+        module.source_fmt = fmt
+        return module
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, format={self.fmt}, "

@@ -1,4 +1,5 @@
-"""kernels/linear.c (through KernelLinear) against references, for every weight format and input dtype.
+"""kernels/linear.c (through KernelLinear) against references, for every weight format and input dtype:
+the exact path (GGUF blocks expanded to float32); test_int8_dot.py checks the integer one.
 
 Tolerances: the kernel equals the exact product of x and the dequantized float32 weights up to float32
 accumulation over K terms, so |got - exact| <= K * 2^-24 * sum|w x| (float32 output); a bf16 output adds
@@ -33,8 +34,10 @@ def random_q4_k(n: int, k: int, seed: int = 0) -> torch.Tensor:
     return torch.from_numpy(b.reshape(n, -1))
 
 
-def make(fmt: str, n: int, k: int, bias: bool = False, interleave: bool = False, seed: int = 0):
-    """(KernelLinear, its exact float32 weights [n, k] in the usual row order, float32 bias or None)."""
+def make(fmt: str, n: int, k: int, bias: bool = False, interleave: bool = False, seed: int = 0,
+         int8_dot: bool = False):
+    """(KernelLinear, its exact float32 weights [n, k] in the usual row order, float32 bias or None);
+    GGUF formats on the exact path unless int8_dot."""
     torch.manual_seed(seed)
     b = torch.randn(n) if bias else None
     if fmt in ("f32", "bf16"):
@@ -44,7 +47,8 @@ def make(fmt: str, n: int, k: int, bias: bool = False, interleave: bool = False,
             b = lin.bias.detach().float()
         return KernelLinear.from_linear(lin, interleave), lin.weight.detach().float(), b
     blocks = random_q4_k(n, k, seed) if fmt == "q4_k" else quantize(torch.randn(n, k), fmt)
-    return KernelLinear.from_gguf_blocks(blocks, fmt, k, b, interleave), dequantize_gguf(blocks, fmt, k), b
+    return (KernelLinear.from_gguf_blocks(blocks, fmt, k, b, interleave, int8_dot=int8_dot),
+            dequantize_gguf(blocks, fmt, k), b)
 
 
 def check_close(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> None:

@@ -136,6 +136,9 @@ PROTOTYPES = (
     Prototype("kv_write", None, dict(
         k=c_void_p, k_stride=c_int64, v=c_void_p, v_stride=c_int64, kc=c_void_p, vc=c_void_p, slots=c_void_p,
         tokens=c_int32, Hkv=c_int32, D=c_int32, block_size=c_int32, elem_size=c_int32)),
+    Prototype("pack_int8_rows", None, dict(
+        w=c_void_p, fmt=c_int32, w_row_bytes=c_int64, N=c_int32, K=c_int32, Kp=c_int32, out=c_void_p,
+        out_row_bytes=c_int64, num_threads=c_int32)),
     Prototype("dequantize_rows", None, dict(
         w=c_void_p, fmt=c_int32, w_row_bytes=c_int64, N=c_int32, K=c_int32, out=c_void_p,
         num_threads=c_int32)),
@@ -264,7 +267,8 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
 
 
 # Weight formats of `linear` (codes of linear.c) and, for the GGUF ones, (weights per block, bytes per block).
-WEIGHT_FORMATS = {"f32": 0, "bf16": 1, "q8_0": 2, "q4_0": 3, "q4_1": 4, "q4_k": 5}
+# "i4" / "i8": 4-bit / 8-bit GGUF weights repacked for integer dot products (int8_dot.h).
+WEIGHT_FORMATS = {"f32": 0, "bf16": 1, "q8_0": 2, "q4_0": 3, "q4_1": 4, "q4_k": 5, "i4": 6, "i8": 7}
 GGUF_BLOCKS = {"q8_0": (32, 34), "q4_0": (32, 18), "q4_1": (32, 20), "q4_k": (256, 144)}
 LINEAR_MODES = {"store": 0, "add": 1, "swiglu": 2}
 
@@ -293,6 +297,23 @@ def linear(x: torch.Tensor, weight: torch.Tensor, fmt: str, in_features: int, pa
     if status != 0:
         raise MemoryError("linear kernel: out of memory for its scratch buffer")
     return out
+
+
+# int8_dot.h: inputs per group of 8 blocks, and bytes per group of a weight row of each integer format.
+INT8_GROUP_INPUTS = 256
+INT8_GROUP_BYTES = {"i4": 192, "i8": 320}
+
+
+def pack_int8(blocks: torch.Tensor, fmt: str, in_features: int) -> tuple[torch.Tensor, str, int]:
+    """GGUF blocks [N, row bytes] of `fmt` -> (rows [N, bytes] uint8 in int8_dot.h's layout, their format
+    "i8" (from Q8_0) or "i4", the padded input count Kp: in_features rounded up to a multiple of 256)."""
+    kernel_fmt = "i8" if fmt == "q8_0" else "i4"
+    padded = -(-in_features // INT8_GROUP_INPUTS) * INT8_GROUP_INPUTS
+    blocks = blocks.contiguous()
+    out = torch.empty(blocks.shape[0], padded // INT8_GROUP_INPUTS * INT8_GROUP_BYTES[kernel_fmt], dtype=torch.uint8)
+    function("pack_int8_rows")(blocks.data_ptr(), WEIGHT_FORMATS[fmt], blocks.stride(0), blocks.shape[0], in_features,
+                               padded, out.data_ptr(), out.stride(0), torch.get_num_threads())
+    return out, kernel_fmt, padded
 
 
 def dequantize(weight: torch.Tensor, fmt: str, in_features: int) -> torch.Tensor:

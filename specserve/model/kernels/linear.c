@@ -24,6 +24,8 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "gguf_block.h"
+#include "int8_dot.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
@@ -32,7 +34,8 @@
 #define SIMD 0
 #endif
 
-enum { FMT_F32 = 0, FMT_BF16 = 1, FMT_Q8_0 = 2, FMT_Q4_0 = 3, FMT_Q4_1 = 4, FMT_Q4_K = 5 };
+/* FMT_I4, FMT_I8: 4-bit and 8-bit weights in int8_dot.h's layout, multiplied by int8-quantized activations. */
+enum { FMT_F32 = 0, FMT_BF16 = 1, FMT_Q8_0 = 2, FMT_Q4_0 = 3, FMT_Q4_1 = 4, FMT_Q4_K = 5, FMT_I4 = 6, FMT_I8 = 7 };
 /* What happens to each result y (after the bias): STORE writes it; ADD adds it, rounded to the output
  * dtype, to what out holds (the residual stream, as `x + linear(h)` in torch); SWIGLU takes outputs in
  * pairs (2i: gate_i, 2i + 1: up_i) and writes silu(gate_i) * up_i at column i, rounding as torch's
@@ -48,28 +51,6 @@ enum { MODE_STORE = 0, MODE_ADD = 1, MODE_SWIGLU = 2 };
  * the same within noise (Q4_1 and Q8_0 gate/up and down matrices, 2 threads, interleaved builds). */
 #define IN_REGISTERS 8
 
-static inline float f16_to_f32(uint16_t h) {
-#if SIMD
-    return _cvtsh_ss(h);
-#else
-    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, u;
-    if (exp == 0x1f) u = sign | 0x7f800000u | (mant << 13);
-    else if (exp != 0) u = sign | ((exp + 112) << 23) | (mant << 13);
-    else if (mant == 0) u = sign;
-    else { /* subnormal: shift the mantissa up to its leading one */
-        exp = 113;
-        while (!(mant & 0x400u)) { mant <<= 1; exp--; }
-        u = sign | (exp << 23) | ((mant & 0x3ffu) << 13);
-    }
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-#endif
-}
-
-static inline uint16_t read_u16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
-
 /* ---- one block of 32 weights of a row, expanded to float32 exactly ----
  * block32(fmt, row, b, f) sets f to weights 32 b .. 32 b + 31 of the row: four vectors of 8 with AVX2,
  * 32 floats in the portable build. Float32 and bf16 rows are padded to a multiple of 32 (Kp). */
@@ -82,30 +63,6 @@ typedef __m256 vec;
 typedef float vec;
 #define VECS 32 /* floats per block */
 #endif
-
-/* Q4_K: the 8 sub-block scales (d sc) and negated mins -(dmin m) of the super-block at p, as float32
- * (exact). The 6-bit values unpack as in ggml's get_scale_min_k4, four at a time (its utmp trick). */
-static inline void q4_k_scales(const uint8_t *p, float *ks) {
-    const float d = f16_to_f32(read_u16(p)), dmin = f16_to_f32(read_u16(p + 2));
-    uint32_t s[3], sc[2], mn[2];
-    memcpy(s, p + 4, 12);
-    sc[0] = s[0] & 0x3f3f3f3fu;
-    mn[0] = s[1] & 0x3f3f3f3fu;
-    sc[1] = (s[2] & 0x0f0f0f0fu) | ((s[0] >> 2) & 0x30303030u);
-    mn[1] = ((s[2] >> 4) & 0x0f0f0f0fu) | ((s[1] >> 2) & 0x30303030u);
-#if SIMD
-    const __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sc)));
-    const __m256 mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)mn)));
-    _mm256_storeu_ps(ks, _mm256_mul_ps(scf, _mm256_set1_ps(d)));
-    _mm256_storeu_ps(ks + 8, _mm256_mul_ps(mnf, _mm256_set1_ps(-dmin))); /* -(dmin m) == (-dmin) m */
-#else
-    const uint8_t *scb = (const uint8_t *)sc, *mnb = (const uint8_t *)mn;
-    for (int j = 0; j < 8; j++) {
-        ks[j] = d * (float)scb[j];
-        ks[8 + j] = -dmin * (float)mnb[j];
-    }
-#endif
-}
 
 /* 32 nibbles (16 bytes) as floats. Layout chosen at load (`repack_q4` in cpu_linear.py): byte l < 8
  * holds weight l in its low nibble and weight 8 + l in its high one, byte 8 + l weights 16 + l and
@@ -238,6 +195,7 @@ static void expand_row(int fmt, const uint8_t *row, int K, float *dst, const uin
     case FMT_Q4_0: expand_fmt(FMT_Q4_0, row, K, dst, ahead); break;
     case FMT_Q4_1: expand_fmt(FMT_Q4_1, row, K, dst, ahead); break;
     case FMT_Q4_K: expand_fmt(FMT_Q4_K, row, K, dst, ahead); break;
+    case FMT_I4: case FMT_I8: int8_dequantize_row(fmt == FMT_I8, row, K, dst); break;
     }
 }
 
@@ -426,8 +384,14 @@ int NAME(const uint8_t *w, int32_t fmt, int64_t w_row_bytes, int32_t N, int32_t 
          const T *x, int64_t x_stride, int32_t rows, const float *bias, T *out, int64_t out_stride,        \
          int32_t mode, int32_t num_threads) {                                                              \
     const int groups = (N + GROUP - 1) / GROUP, block = rows < ROW_BLOCK ? rows : ROW_BLOCK;              \
+    const int integer = fmt == FMT_I4 || fmt == FMT_I8; /* rows quantized to int8 blocks (int8_dot.h) */  \
+    const int64_t xb = int8_x_bytes(Kp);                                                                   \
     float *xs = malloc(sizeof(float) * (size_t)block * Kp);                                                \
-    if (xs == NULL) return -1;                                                                             \
+    uint8_t *xq = integer ? malloc((size_t)(block * xb)) : NULL;                                           \
+    if (xs == NULL || (integer && xq == NULL)) {                                                           \
+        free(xs);                                                                                          \
+        return -1;                                                                                         \
+    }                                                                                                      \
     /* A thread team costs a few microseconds: not worth it below ~50k multiply-adds. */                   \
     const int threads = (int64_t)N * K * rows >= 50000 ? num_threads : 1;                                  \
     _Pragma("omp parallel num_threads(threads)")                                                           \
@@ -441,11 +405,18 @@ int NAME(const uint8_t *w, int32_t fmt, int64_t w_row_bytes, int32_t N, int32_t 
                 float *dst = xs + (int64_t)r * Kp;                                                         \
                 for (int k = 0; k < K; k++) dst[k] = LOAD_##SUFFIX(xr, k);                                 \
                 for (int k = K; k < Kp; k++) dst[k] = 0.f;                                                 \
+                if (integer) int8_quantize_row(dst, Kp, xq + r * xb);                                      \
             }                                                                                              \
             _Pragma("omp for schedule(static)")                                                            \
             for (int g = 0; g < groups; g++) {                                                             \
                 const int o0 = g * GROUP, no = N - o0 < GROUP ? N - o0 : GROUP;                            \
                 const uint8_t *wg = w + (int64_t)o0 * w_row_bytes;                                         \
+                if (integer) {                                                                             \
+                    float y[ROW_BLOCK * GROUP];                                                            \
+                    int8_rows(fmt == FMT_I8, wg, w_row_bytes, no, xq, xb, nr, Kp, y, GROUP);               \
+                    epilogue_##SUFFIX(y, nr, no, out + (int64_t)r0 * out_stride, out_stride, o0, bias, mode); \
+                    continue;                                                                              \
+                }                                                                                          \
                 if (SIMD && nr <= IN_REGISTERS) { /* a decode or a short verify: expand in registers */    \
                     float y[IN_REGISTERS * GROUP];                                                         \
                     ROW_GROUP(fmt, wg, w_row_bytes, no, xs, Kp, nr, Kp, y);                                \
@@ -473,6 +444,7 @@ int NAME(const uint8_t *w, int32_t fmt, int64_t w_row_bytes, int32_t N, int32_t 
         }                                                                                                  \
     }                                                                                                      \
     free(xs);                                                                                              \
+    free(xq);                                                                                              \
     return 0;                                                                                              \
 }
 
@@ -484,4 +456,11 @@ void dequantize_rows(const uint8_t *w, int32_t fmt, int64_t w_row_bytes, int32_t
                      int32_t num_threads) {
     _Pragma("omp parallel for schedule(static) num_threads(num_threads)")
     for (int n = 0; n < N; n++) expand_row(fmt, w + (int64_t)n * w_row_bytes, K, out + (int64_t)n * K, NULL);
+}
+
+/* GGUF rows (fmt FMT_Q8_0 .. FMT_Q4_K, K inputs) -> int8_dot.h's I8 (Q8_0) or I4 rows of Kp inputs. */
+void pack_int8_rows(const uint8_t *w, int32_t fmt, int64_t w_row_bytes, int32_t N, int32_t K, int32_t Kp, uint8_t *out,
+                    int64_t out_row_bytes, int32_t num_threads) {
+    _Pragma("omp parallel for schedule(static) num_threads(num_threads)")
+    for (int n = 0; n < N; n++) int8_pack_row(fmt, w + (int64_t)n * w_row_bytes, K, Kp, out + (int64_t)n * out_row_bytes);
 }
