@@ -58,7 +58,7 @@ class EngineInfo:
 def profile_step_costs(runner, proposer, config: EngineConfig, target, drafts) -> StepCostModel:
     """The step cost model's startup sweep, cached per model pair, device, dtype, quantization, kernels (their
     settings and build: edited kernels are measured again), threads and budget."""
-    kernels = [os.environ.get(v) for v in ("SPECSERVE_CPU_KERNELS", "SPECSERVE_BATCH_INVARIANT")]
+    kernels = [os.environ.get(v) for v in ("SPECSERVE_CPU_KERNELS", "SPECSERVE_BATCH_INVARIANT", "SPECSERVE_INT8_DOT")]
     kernels.append(cpu_kernels.library_id() if runner.device.type == "cpu" else None)
     key = "|".join(map(str, [target.path, [d.path for d in drafts], config.device, config.dtype,
                              config.quantization, kernels, torch.get_num_threads(), config.max_num_batched_tokens,

@@ -113,9 +113,10 @@ class KernelLinear(nn.Module):
         self.in_features, self.out_features = in_features, weight.shape[0]
         self.source_fmt = fmt  # what the weights were (weight_summary); from_gguf_blocks sets it for i4/i8
         self.padded = in_features
-        if fmt in ("f32", "bf16", "i4", "i8"):
-            pad = PAD if fmt in ("f32", "bf16") else kernels.INT8_GROUP_INPUTS
-            self.padded = -(-in_features // pad) * pad
+        if fmt in ("f32", "bf16"):
+            self.padded = -(-in_features // PAD) * PAD
+        elif fmt in ("i4", "i8"):
+            self.padded = kernels.int8_padded(in_features)
         self.bias_f32 = None if bias is None else bias.detach().float().contiguous()
         self.interleaved = interleaved  # rows (and bias) in gate/up pairs: `swiglu` works, see forward
         # The kernel's leading arguments, for callers that go straight to C (cpu_forward.py).
@@ -154,7 +155,7 @@ class KernelLinear(nn.Module):
             raise ValueError(f"{fmt} blocks of shape {tuple(blocks.shape)} cannot hold {in_features} inputs")
         kernel_fmt = fmt
         if int8_dot if int8_dot is not None else int8_dot_default():
-            packed, kernel_fmt, _ = kernels.pack_int8(blocks, fmt, in_features)
+            packed, kernel_fmt = kernels.pack_int8(blocks, fmt, in_features)
         else:
             packed = repack_q4(blocks, fmt) if fmt in Q4_LAYOUT else blocks.contiguous()
         if interleave:

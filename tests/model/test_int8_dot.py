@@ -24,6 +24,11 @@ FORMATS = ["q8_0", "q4_0", "q4_1", "q4_k"]
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+# Inputs -> the group layout: 96 = a tail of 3 blocks (S = 4), 160 = 5 blocks (a padded whole group),
+# 576 = 2 groups and a tail of 2 (S = 2, SmolLM2's hidden size), 512 = 2 whole groups.
+WIDTHS = [(fmt, k) for fmt in FORMATS for k in ([512] if fmt == "q4_k" else [96, 160, 576])]
+
+
 def k_for(fmt: str) -> int:
     return 512 if fmt == "q4_k" else 96  # 96: a group of 8 blocks padded with 5 zero blocks
 
@@ -38,17 +43,16 @@ def quantization_bound(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None)
     return 0.5 * (1 + 1e-6) * da @ wsum.T + k * 2.0 ** -22 * (xd.abs() @ wd.T) + 1e-6 * exact.abs() + 1e-30
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_repacked_weights_are_gguf_py_values_bit_for_bit(fmt):
-    lin, w, _ = make(fmt, 45, k_for(fmt), int8_dot=True)
+@pytest.mark.parametrize("fmt, k", WIDTHS)
+def test_repacked_weights_are_gguf_py_values_bit_for_bit(fmt, k):
+    lin, w, _ = make(fmt, 45, k, int8_dot=True)
     assert lin.fmt == ("i8" if fmt == "q8_0" else "i4") and lin.source_fmt == fmt
     assert torch.equal(lin.dense_weight(), w)
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt, k", WIDTHS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_within_the_activations_quantization_error(fmt, dtype):
-    k = k_for(fmt)
+def test_within_the_activations_quantization_error(fmt, k, dtype):
     lin, w, b = make(fmt, 45, k, bias=True, int8_dot=True)
     for rows in (1, 2, 5, 8, 9, 17, 50, 97):  # tiles of 8 (4 without AVX-512) rows, blocks of 48 rows
         x = (torch.randn(rows, k) * torch.rand(rows, 1) * 4).to(dtype)

@@ -113,7 +113,7 @@ def test_drafts_quantized_at_load_stay_lossless(tiny_target, request, baseline, 
     from specserve.model.cpu_linear import KernelLinear
     spec = spec_config(method, request, 3) | {"quantization": "q8_0"}
     llm = LLM(model=str(tiny_target), dtype="float32", speculative_config=spec)
-    formats = lambda model: {m.fmt for m in model.modules() if isinstance(m, KernelLinear)}  # noqa: E731
+    formats = lambda model: {m.source_fmt for m in model.modules() if isinstance(m, KernelLinear)}  # noqa: E731
     assert formats(llm.engine.proposer.runner.model) == {"q8_0"}
     assert "q8_0" not in formats(llm.engine.runner.model)
     ps, expected = baseline

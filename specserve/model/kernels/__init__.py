@@ -299,21 +299,30 @@ def linear(x: torch.Tensor, weight: torch.Tensor, fmt: str, in_features: int, pa
     return out
 
 
-# int8_dot.h: inputs per group of 8 blocks, and bytes per group of a weight row of each integer format.
-INT8_GROUP_INPUTS = 256
-INT8_GROUP_BYTES = {"i4": 192, "i8": 320}
+def int8_padded(in_features: int) -> int:
+    """The inputs an integer-dot row covers (int8_dot.h's int8_padded): a tail of 1-2 blocks of 32 padded
+    to 2, 3-4 to 4, 5-7 to a whole group of 8."""
+    tail = in_features // 32 % 8
+    return in_features + 32 * ((0 if tail == 0 else 2 if tail <= 2 else 4 if tail <= 4 else 8) - tail)
 
 
-def pack_int8(blocks: torch.Tensor, fmt: str, in_features: int) -> tuple[torch.Tensor, str, int]:
-    """GGUF blocks [N, row bytes] of `fmt` -> (rows [N, bytes] uint8 in int8_dot.h's layout, their format
-    "i8" (from Q8_0) or "i4", the padded input count Kp: in_features rounded up to a multiple of 256)."""
+def int8_row_bytes(kernel_fmt: str, padded: int) -> int:
+    """Bytes of one "i4" / "i8" row of `padded` inputs (int8_dot.h's int8_w_bytes)."""
+    per_step = 32 if kernel_fmt == "i8" else 16
+    tail = padded % 256 // 32
+    return padded // 256 * (per_step * 8 + 64) + (per_step * tail + 64 if tail else 0)
+
+
+def pack_int8(blocks: torch.Tensor, fmt: str, in_features: int) -> tuple[torch.Tensor, str]:
+    """GGUF blocks [N, row bytes] of `fmt` -> (rows [N, bytes] uint8 in int8_dot.h's layout, their format:
+    "i8" from Q8_0, "i4" from the 4-bit formats)."""
     kernel_fmt = "i8" if fmt == "q8_0" else "i4"
-    padded = -(-in_features // INT8_GROUP_INPUTS) * INT8_GROUP_INPUTS
+    padded = int8_padded(in_features)
     blocks = blocks.contiguous()
-    out = torch.empty(blocks.shape[0], padded // INT8_GROUP_INPUTS * INT8_GROUP_BYTES[kernel_fmt], dtype=torch.uint8)
+    out = torch.empty(blocks.shape[0], int8_row_bytes(kernel_fmt, padded), dtype=torch.uint8)
     function("pack_int8_rows")(blocks.data_ptr(), WEIGHT_FORMATS[fmt], blocks.stride(0), blocks.shape[0], in_features,
                                padded, out.data_ptr(), out.stride(0), torch.get_num_threads())
-    return out, kernel_fmt, padded
+    return out, kernel_fmt
 
 
 def dequantize(weight: torch.Tensor, fmt: str, in_features: int) -> torch.Tensor:

@@ -14,16 +14,21 @@
  * m = -128 dw; all exact in float32). An activation block: x_i ~ da a_i, a_i = round(x_i / da) in
  * [-127, 127], da = max|x| / 127; s = da sum(a). Then sum_i w_i x_i ~ dw (da D) + m s, D = sum_i u_i a_i.
  *
- * Layout, "lanes are blocks": a group is 8 consecutive blocks (256 inputs; K is padded with zero blocks
- * to a multiple of 256), and one 256-bit vector holds 4 consecutive bytes of each of the 8 blocks, lane j
- * for block j, so that 8 vpdpbusd leave block j's D in lane j and the float32 step runs 8 blocks at a
- * time: f = fma(float(D) * da, dw, f); f = fma(m, s, f). The 8 lanes of f are summed at the end in one
- * fixed tree: ((f0 + f4) + (f2 + f6)) + ((f1 + f5) + (f3 + f7)).
- *   weight row, per group (GROUP_I4 / GROUP_I8 bytes): the integers, then dw[8], then m[8] (float32).
- *     I4: 4 chunks of 32 bytes; byte 4j + i of chunk c holds u[block j][8c + i] (low nibble) and
- *     u[block j][8c + 4 + i] (high). I8: 8 chunks of 32 bytes; byte 4j + i of chunk t: u[block j][4t + i].
- *   activation row, per group (GROUP_X bytes): 8 steps of 32 bytes, byte 4j + i of step t:
- *     a[block j][4t + i]; then da[8], s[8] (float32), sum(a)[8] (int32). */
+ * Layout, "lanes are blocks": a group is 8 consecutive blocks (256 inputs), and one 256-bit vector holds
+ * 4 consecutive bytes of each of the 8 blocks, lane j for block j, so that the 8 steps of vpdpbusd leave
+ * block j's D in lane j and the float32 step runs 8 blocks at a time: f = fma(float(D) * da, dw, f);
+ * f = fma(m, s, f). The 8 lanes of f are summed at the end in one fixed tree:
+ * ((f0 + f4) + (f2 + f6)) + ((f1 + f5) + (f3 + f7)). The blocks past the last whole group form a tail
+ * group of S = 2 or 4 blocks (1-2 or 3-4 blocks, padded with zero blocks; 5-7 make a whole group, S = 8)
+ * whose lanes split blocks: L = 8 / S lanes per block, lane l holds part l % L (4 S bytes) of block l / L,
+ * in S steps. (SmolLM2's 576 inputs: 2 whole groups and a tail of 2 blocks, no padding.)
+ *   weight row, per group of S steps: the integers, then dw[8], m[8] (float32; m only in a block's first
+ *     lane, 0 in the others, so that m s counts once). I4: S / 2 chunks of 32 bytes; byte 4l + i of chunk c
+ *     holds lane l's weight of step 2c, byte i (low nibble) and of step 2c + 1 (high). I8: S chunks of 32
+ *     bytes; byte 4l + i of chunk t: lane l's weight of step t, byte i (u = q + 128).
+ *   activation row, per group: S steps of 32 bytes (byte 4l + i of step t: lane l's a of step t, byte i),
+ *     then da[8], s[8] (float32; s of the whole block in each of its lanes), sum(a)[8] (int32, over the
+ *     lane's own bytes). Lane l's byte i of step t is byte 4 S (l % L) + 4 t + i of block l / L. */
 #ifndef SPECSERVE_INT8_DOT_H
 #define SPECSERVE_INT8_DOT_H
 #include <math.h>
@@ -32,7 +37,23 @@
 
 #include "gguf_block.h"
 
-enum { GROUP_IN = 256, GROUP_I4 = 192, GROUP_I8 = 320, GROUP_X = 352 };
+enum { GROUP_IN = 256 };
+
+/* Steps of group g of a row of Kp inputs (8, or the tail's 2 or 4), and bytes of a group of S steps. */
+static inline int group_steps(int g, int Kp) { return g < Kp / GROUP_IN ? 8 : (Kp % GROUP_IN) / 32; }
+static inline int groups_of(int Kp) { return (Kp + GROUP_IN - 1) / GROUP_IN; }
+/* K inputs (a multiple of 32) -> Kp: the tail's 1-2 blocks padded to 2, 3-4 to 4, 5-7 to a whole group. */
+static inline int int8_padded(int K) {
+    const int tail = (K / 32) % 8;
+    return K - 32 * tail + 32 * (tail == 0 ? 0 : tail <= 2 ? 2 : tail <= 4 ? 4 : 8);
+}
+static inline int w_group_bytes(int i8, int S) { return (i8 ? 32 : 16) * S + 64; }
+static inline int x_group_bytes(int S) { return 32 * S + 96; }
+static inline int64_t int8_w_bytes(int i8, int Kp) {
+    return (int64_t)(Kp / GROUP_IN) * w_group_bytes(i8, 8) + (Kp % GROUP_IN ? w_group_bytes(i8, (Kp % GROUP_IN) / 32) : 0);
+}
+/* Lane l's byte i of step t in a group of S steps: byte 4 S (l % L) + 4 t + i of the group's block l / L. */
+static inline int lane_byte(int S, int l, int t, int i) { return 32 * (l / (8 / S)) + 4 * S * (l % (8 / S)) + 4 * t + i; }
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -58,17 +79,21 @@ enum { GROUP_IN = 256, GROUP_I4 = 192, GROUP_I8 = 320, GROUP_X = 352 };
 #define INT_ROWS 4
 #endif
 
-static inline int64_t int8_x_bytes(int Kp) { return (int64_t)(Kp / GROUP_IN) * GROUP_X; }
+static inline int64_t int8_x_bytes(int Kp) {
+    return (int64_t)(Kp / GROUP_IN) * x_group_bytes(8) + (Kp % GROUP_IN ? x_group_bytes((Kp % GROUP_IN) / 32) : 0);
+}
 
 /* ---- activations: one float32 row (Kp values, zero past K) -> its quantized row ---- */
 static void int8_quantize_row(const float *x, int Kp, uint8_t *dst) {
-    for (int g = 0; g < Kp / GROUP_IN; g++) {
-        uint8_t *xg = dst + (int64_t)g * GROUP_X;
-        float *da = (float *)(xg + 256), *s = da + 8;
+    for (int g = 0; g < groups_of(Kp); g++) {
+        const int S = group_steps(g, Kp), L = 8 / S;
+        uint8_t *xg = dst + (int64_t)g * x_group_bytes(8);
+        float *da = (float *)(xg + 32 * S), *s = da + 8;
         int32_t *sum = (int32_t *)(s + 8);
-        for (int j = 0; j < 8; j++) {
+        for (int j = 0; j < S; j++) { /* block j of the group */
             const float *xb = x + (int64_t)g * GROUP_IN + 32 * j;
             int8_t q[32];
+            int32_t total = 0;
 #if INT_SIMD
             __m256 v[4], amax = _mm256_setzero_ps();
             const __m256 sign = _mm256_set1_ps(-0.f);
@@ -82,25 +107,26 @@ static void int8_quantize_row(const float *x, int Kp, uint8_t *dst) {
             const __m256 id = _mm256_set1_ps(d != 0.f ? 1.f / d : 0.f);
             __m256i n[4];
             for (int i = 0; i < 4; i++) n[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], id)); /* nearest, ties even */
-            const __m256i t = _mm256_add_epi32(_mm256_add_epi32(n[0], n[1]), _mm256_add_epi32(n[2], n[3]));
-            __m128i t4 = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
-            t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0x4e));
-            sum[j] = _mm_cvtsi128_si32(_mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0xb1)));
             const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(n[0], n[1]), _mm256_packs_epi32(n[2], n[3]));
             _mm256_storeu_si256((__m256i *)q, _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
 #else
             float amax = 0.f;
             for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(xb[i]));
             const float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
-            sum[j] = 0;
-            for (int i = 0; i < 32; i++) {
-                q[i] = (int8_t)nearbyintf(xb[i] * id);
-                sum[j] += q[i];
-            }
+            for (int i = 0; i < 32; i++) q[i] = (int8_t)nearbyintf(xb[i] * id);
 #endif
-            da[j] = d;
-            s[j] = d * (float)sum[j];
-            for (int t = 0; t < 8; t++) memcpy(xg + 32 * t + 4 * j, q + 4 * t, 4);
+            for (int i = 0; i < 32; i++) total += q[i];
+            for (int l = j * L; l < (j + 1) * L; l++) {
+                da[l] = d;
+                s[l] = d * (float)total;
+                sum[l] = 0;
+                for (int t = 0; t < S; t++)
+                    for (int i = 0; i < 4; i++) {
+                        const int8_t a = q[lane_byte(S, l, t, i) - 32 * j];
+                        xg[32 * t + 4 * l + i] = (uint8_t)a;
+                        sum[l] += a;
+                    }
+            }
         }
     }
 }
@@ -134,34 +160,43 @@ static void gguf_block_ints(int fmt, const uint8_t *row, int b, uint8_t *u, floa
 
 /* One GGUF row of K inputs -> an I4 (4-bit formats) or I8 (Q8_0) row of Kp inputs, zero blocks past K. */
 static void int8_pack_row(int fmt, const uint8_t *row, int K, int Kp, uint8_t *dst) {
-    const int i8 = fmt == 2, gb = i8 ? GROUP_I8 : GROUP_I4;
-    memset(dst, 0, (size_t)(Kp / GROUP_IN) * gb);
+    const int i8 = fmt == 2;
+    memset(dst, 0, (size_t)int8_w_bytes(i8, Kp));
     for (int b = 0; b < K / 32; b++) {
-        uint8_t u[32];
-        uint8_t *wg = dst + (int64_t)(b / 8) * gb;
-        const int j = b % 8;
-        float *dw = (float *)(wg + (i8 ? 256 : 128)), *m = dw + 8;
-        gguf_block_ints(fmt, row, b, u, dw + j, m + j);
-        for (int i = 0; i < 4; i++)
-            if (i8)
-                for (int t = 0; t < 8; t++) wg[32 * t + 4 * j + i] = u[4 * t + i];
-            else
-                for (int c = 0; c < 4; c++) wg[32 * c + 4 * j + i] = (uint8_t)(u[8 * c + i] | u[8 * c + 4 + i] << 4);
+        const int g = b / 8, S = group_steps(g, Kp), L = 8 / S, j = b % 8;
+        uint8_t u[32], *wg = dst + (int64_t)g * w_group_bytes(i8, 8);
+        float *dw = (float *)(wg + (i8 ? 32 : 16) * S), *m = dw + 8, scale, offset;
+        gguf_block_ints(fmt, row, b, u, &scale, &offset);
+        for (int l = j * L; l < (j + 1) * L; l++) {
+            dw[l] = scale;
+            m[l] = l == j * L ? offset : 0.f;
+            for (int i = 0; i < 4; i++)
+                if (i8)
+                    for (int t = 0; t < S; t++) wg[32 * t + 4 * l + i] = u[lane_byte(S, l, t, i) - 32 * j];
+                else
+                    for (int c = 0; c < S / 2; c++)
+                        wg[32 * c + 4 * l + i] = (uint8_t)(u[lane_byte(S, l, 2 * c, i) - 32 * j]
+                                                           | u[lane_byte(S, l, 2 * c + 1, i) - 32 * j] << 4);
+        }
     }
+}
+
+/* Lane l's integer of step t, byte i, in weight group wg of S steps. */
+static inline int w_int(int i8, const uint8_t *wg, int l, int t, int i) {
+    return i8 ? wg[32 * t + 4 * l + i] : (wg[32 * (t / 2) + 4 * l + i] >> (t % 2 ? 4 : 0)) & 0x0f;
 }
 
 /* The float32 values dw u + m of an I4/I8 row's first K inputs (equal to the GGUF block's own). */
 static void int8_dequantize_row(int i8, const uint8_t *row, int K, float *dst) {
-    const int gb = i8 ? GROUP_I8 : GROUP_I4;
+    const int Kp = int8_padded(K);
     for (int b = 0; b < K / 32; b++) {
-        const uint8_t *wg = row + (int64_t)(b / 8) * gb;
-        const int j = b % 8;
-        const float *dw = (const float *)(wg + (i8 ? 256 : 128)), *m = dw + 8;
-        for (int i = 0; i < 32; i++) {
-            const uint8_t u = i8 ? wg[32 * (i / 4) + 4 * j + i % 4]
-                                 : (wg[32 * (i / 8) + 4 * j + i % 4] >> (i % 8 >= 4 ? 4 : 0)) & 0x0f;
-            dst[32 * b + i] = fmaf(dw[j], (float)u, m[j]);
-        }
+        const int g = b / 8, S = group_steps(g, Kp), L = 8 / S, j = b % 8;
+        const uint8_t *wg = row + (int64_t)g * w_group_bytes(i8, 8);
+        const float *dw = (const float *)(wg + (i8 ? 32 : 16) * S), *m = dw + 8;
+        for (int l = j * L; l < (j + 1) * L; l++)
+            for (int t = 0; t < S; t++)
+                for (int i = 0; i < 4; i++)
+                    dst[32 * g * 8 + lane_byte(S, l, t, i)] = fmaf(dw[l], (float)w_int(i8, wg, l, t, i), m[j * L]);
     }
 }
 
@@ -171,18 +206,20 @@ static void int8_dequantize_row(int i8, const uint8_t *row, int K, float *dst) {
 /* Each row's block sums in two int32 accumulators (a0: even steps, a1: odd), so that a single row still
  * has two independent chains of vpdpbusd; each weight chunk is loaded and unpacked once for all rows. */
 static inline __attribute__((always_inline)) void int_tile(const int i8, const uint8_t *w, const uint8_t *ahead,
-                                                           const uint8_t *xq, int64_t xb, int groups, const int RT,
+                                                           const uint8_t *xq, int64_t xb, int Kp, const int RT,
                                                            float *y, int ys) {
-    const int gb = i8 ? GROUP_I8 : GROUP_I4;
+    const int gb = w_group_bytes(i8, 8);
     const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
     __m256 f[INT_ROWS];
     for (int r = 0; r < RT; r++) f[r] = _mm256_setzero_ps();
-    for (int g = 0; g < groups; g++) {
-        const uint8_t *wg = w + (int64_t)g * gb, *xg = xq + (int64_t)g * GROUP_X;
-        for (int line = 0; line < gb; line += 64) _mm_prefetch((const char *)ahead + (int64_t)g * gb + line, _MM_HINT_T0);
+    for (int g = 0; g < groups_of(Kp); g++) {
+        const int S = group_steps(g, Kp);
+        const uint8_t *wg = w + (int64_t)g * gb, *xg = xq + (int64_t)g * x_group_bytes(8);
+        for (int line = 0; line < w_group_bytes(i8, S); line += 64)
+            _mm_prefetch((const char *)ahead + (int64_t)g * gb + line, _MM_HINT_T0);
         __m256i a0[INT_ROWS], a1[INT_ROWS];
         for (int r = 0; r < RT; r++) a0[r] = a1[r] = _mm256_setzero_si256();
-        for (int c = 0; c < (i8 ? 8 : 4); c += i8 ? 2 : 1) {
+        for (int c = 0; c < (i8 ? S : S / 2); c += i8 ? 2 : 1) {
             __m256i u0, u1;
             if (i8) {
                 u0 = _mm256_loadu_si256((const __m256i *)(wg + 32 * c));
@@ -215,21 +252,22 @@ static inline __attribute__((always_inline)) void int_tile(const int i8, const u
 #endif
             }
         }
-        const __m256 dw = _mm256_loadu_ps((const float *)(wg + gb - 64)), m = _mm256_loadu_ps((const float *)(wg + gb - 32));
+        const float *scales = (const float *)(wg + (i8 ? 32 : 16) * S);
+        const __m256 dw = _mm256_loadu_ps(scales), m = _mm256_loadu_ps(scales + 8);
         for (int r = 0; r < RT; r++) {
-            const uint8_t *xr = xg + r * xb;
+            const uint8_t *xr = xg + r * xb + 32 * S; /* da[8], s[8], sum(a)[8] */
             __m256i D;
 #if VNNI
             D = _mm256_add_epi32(a0[r], a1[r]);
 #else
             if (i8) /* sum (q + 128) a = sum q a + 128 sum a */
                 D = _mm256_add_epi32(_mm256_add_epi32(a0[r], a1[r]),
-                                     _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(xr + 320)), 7));
+                                     _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(xr + 64)), 7));
             else
                 D = _mm256_add_epi32(_mm256_madd_epi16(a0[r], ones), _mm256_madd_epi16(a1[r], ones));
 #endif
-            const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(D), _mm256_loadu_ps((const float *)(xr + 256)));
-            f[r] = _mm256_fmadd_ps(m, _mm256_loadu_ps((const float *)(xr + 288)), _mm256_fmadd_ps(t, dw, f[r]));
+            const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(D), _mm256_loadu_ps((const float *)xr));
+            f[r] = _mm256_fmadd_ps(m, _mm256_loadu_ps((const float *)(xr + 32)), _mm256_fmadd_ps(t, dw, f[r]));
         }
     }
     for (int r = 0; r < RT; r++) {
@@ -239,27 +277,24 @@ static inline __attribute__((always_inline)) void int_tile(const int i8, const u
     }
 }
 #else
-static void int_tile(const int i8, const uint8_t *w, const uint8_t *ahead, const uint8_t *xq, int64_t xb, int groups,
+static void int_tile(const int i8, const uint8_t *w, const uint8_t *ahead, const uint8_t *xq, int64_t xb, int Kp,
                      const int RT, float *y, int ys) {
-    const int gb = i8 ? GROUP_I8 : GROUP_I4;
     (void)ahead;
     for (int r = 0; r < RT; r++) {
         float f[8] = {0};
-        for (int g = 0; g < groups; g++) {
-            const uint8_t *wg = w + (int64_t)g * gb, *xg = xq + r * xb + (int64_t)g * GROUP_X;
-            const float *dw = (const float *)(wg + gb - 64), *m = dw + 8, *da = (const float *)(xg + 256), *s = da + 8;
-            for (int j = 0; j < 8; j++) {
+        for (int g = 0; g < groups_of(Kp); g++) {
+            const int S = group_steps(g, Kp);
+            const uint8_t *wg = w + (int64_t)g * w_group_bytes(i8, 8), *xg = xq + r * xb + (int64_t)g * x_group_bytes(8);
+            const float *dw = (const float *)(wg + (i8 ? 32 : 16) * S), *m = dw + 8;
+            const float *da = (const float *)(xg + 32 * S), *s = da + 8;
+            for (int l = 0; l < 8; l++) {
                 int32_t D = 0;
-                for (int i = 0; i < 32; i++) {
-                    const int a = (int8_t)xg[32 * (i / 4) + 4 * j + i % 4];
-                    const int u = i8 ? wg[32 * (i / 4) + 4 * j + i % 4]
-                                     : (wg[32 * (i / 8) + 4 * j + i % 4] >> (i % 8 >= 4 ? 4 : 0)) & 0x0f;
-                    D += u * a;
-                }
-                f[j] = fmaf(m[j], s[j], fmaf((float)D * da[j], dw[j], f[j]));
+                for (int t = 0; t < S; t++)
+                    for (int i = 0; i < 4; i++) D += w_int(i8, wg, l, t, i) * (int8_t)xg[32 * t + 4 * l + i];
+                f[l] = fmaf(m[l], s[l], fmaf((float)D * da[l], dw[l], f[l]));
             }
         }
-        y[r * ys] = ((f[0] + f[4]) + (f[2] + f[6])) + ((f[1] + f[5]) + (f[3] + f[7])); /* lane_sum's tree */
+        y[r * ys] = ((f[0] + f[4]) + (f[2] + f[6])) + ((f[1] + f[5]) + (f[3] + f[7])); /* the SIMD tree */
     }
 }
 #endif
@@ -267,7 +302,6 @@ static void int_tile(const int i8, const uint8_t *w, const uint8_t *ahead, const
 /* y[r * ys + o] for rows r < rows of xq against the no weight rows at w; `ahead`: a row to prefetch. */
 static void int8_rows(const int i8, const uint8_t *w, int64_t row_bytes, int no, const uint8_t *xq, int64_t xb,
                       int rows, int Kp, float *y, int ys) {
-    const int groups = Kp / GROUP_IN;
     for (int r0 = 0; r0 < rows; r0 += INT_ROWS) {
         const int rt = rows - r0 < INT_ROWS ? rows - r0 : INT_ROWS;
         const uint8_t *xr = xq + r0 * xb;
@@ -275,16 +309,16 @@ static void int8_rows(const int i8, const uint8_t *w, int64_t row_bytes, int no,
             const uint8_t *wo = w + o * row_bytes, *ahead = wo + 4 * row_bytes;
             float *yo = y + r0 * ys + o;
             switch (rt) { /* each row count its own unrolled tile */
-            case 1: int_tile(i8, wo, ahead, xr, xb, groups, 1, yo, ys); break;
-            case 2: int_tile(i8, wo, ahead, xr, xb, groups, 2, yo, ys); break;
-            case 3: int_tile(i8, wo, ahead, xr, xb, groups, 3, yo, ys); break;
+            case 1: int_tile(i8, wo, ahead, xr, xb, Kp, 1, yo, ys); break;
+            case 2: int_tile(i8, wo, ahead, xr, xb, Kp, 2, yo, ys); break;
+            case 3: int_tile(i8, wo, ahead, xr, xb, Kp, 3, yo, ys); break;
 #if INT_ROWS > 4
-            case 4: int_tile(i8, wo, ahead, xr, xb, groups, 4, yo, ys); break;
-            case 5: int_tile(i8, wo, ahead, xr, xb, groups, 5, yo, ys); break;
-            case 6: int_tile(i8, wo, ahead, xr, xb, groups, 6, yo, ys); break;
-            case 7: int_tile(i8, wo, ahead, xr, xb, groups, 7, yo, ys); break;
+            case 4: int_tile(i8, wo, ahead, xr, xb, Kp, 4, yo, ys); break;
+            case 5: int_tile(i8, wo, ahead, xr, xb, Kp, 5, yo, ys); break;
+            case 6: int_tile(i8, wo, ahead, xr, xb, Kp, 6, yo, ys); break;
+            case 7: int_tile(i8, wo, ahead, xr, xb, Kp, 7, yo, ys); break;
 #endif
-            default: int_tile(i8, wo, ahead, xr, xb, groups, INT_ROWS, yo, ys); break;
+            default: int_tile(i8, wo, ahead, xr, xb, Kp, INT_ROWS, yo, ys); break;
             }
         }
     }
