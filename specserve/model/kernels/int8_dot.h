@@ -119,13 +119,12 @@ static void int8_quantize_row(const float *x, int Kp, uint8_t *dst) {
             for (int l = j * L; l < (j + 1) * L; l++) {
                 da[l] = d;
                 s[l] = d * (float)total;
-                sum[l] = 0;
-                for (int t = 0; t < S; t++)
-                    for (int i = 0; i < 4; i++) {
-                        const int8_t a = q[lane_byte(S, l, t, i) - 32 * j];
-                        xg[32 * t + 4 * l + i] = (uint8_t)a;
-                        sum[l] += a;
-                    }
+                sum[l] = L == 1 ? total : 0;
+                for (int t = 0; t < S; t++) {
+                    const int8_t *a = q + lane_byte(S, l, t, 0) - 32 * j;
+                    memcpy(xg + 32 * t + 4 * l, a, 4);
+                    if (L > 1) sum[l] += a[0] + a[1] + a[2] + a[3];
+                }
             }
         }
     }
