@@ -213,7 +213,11 @@ def configurations(found: dict, systems: list[str], before: str | None = None) -
                   Peer("specserve-ngram4", "specserve", K, base + ["--speculative-config", ngram],
                        notes="prompt lookup, static k = 4"),
                   Peer("specserve-default", "specserve", K, base + ["--speculative-config", DEFAULT_SPECULATIVE],
-                       notes="the default: prompt lookup first, shipped EAGLE drafts elsewhere, adaptive k <= 4")]
+                       notes="the default: prompt lookup first, shipped EAGLE drafts elsewhere, adaptive k <= 4"),
+                  Peer("specserve-exact-off", "specserve", 0, base + ["--speculative-config", "none"],
+                       {"SPECSERVE_INT8_DOT": "0"}, notes="Q4_1 blocks on the exact float32 path (before int8 dot)"),
+                  Peer("specserve-exact-default", "specserve", K, base + ["--speculative-config", DEFAULT_SPECULATIVE],
+                       {"SPECSERVE_INT8_DOT": "0"}, notes="the default speculation on the exact float32 path")]
     if "specserve" in systems and before:  # the same commands on another checkout's code
         # -P: no current directory at the head of sys.path, which `-m` puts there and which (run from our
         # checkout) would import our code instead of PYTHONPATH's (the before rows of the 2026-11-27 and

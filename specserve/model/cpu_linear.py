@@ -115,7 +115,7 @@ class KernelLinear(nn.Module):
         self.padded = in_features
         if fmt in ("f32", "bf16"):
             self.padded = -(-in_features // PAD) * PAD
-        elif fmt in ("i4", "i8"):
+        elif fmt in kernels.INT8_FORMATS:
             self.padded = kernels.int8_padded(in_features)
         self.bias_f32 = None if bias is None else bias.detach().float().contiguous()
         self.interleaved = interleaved  # rows (and bias) in gate/up pairs: `swiglu` works, see forward
@@ -153,11 +153,12 @@ class KernelLinear(nn.Module):
         block, nbytes = kernels.GGUF_BLOCKS[fmt]
         if in_features % block or blocks.shape[1] != in_features // block * nbytes:
             raise ValueError(f"{fmt} blocks of shape {tuple(blocks.shape)} cannot hold {in_features} inputs")
-        kernel_fmt = fmt
-        if int8_dot if int8_dot is not None else int8_dot_default():
-            packed, kernel_fmt = kernels.pack_int8(blocks, fmt, in_features)
-        else:
-            packed = repack_q4(blocks, fmt) if fmt in Q4_LAYOUT else blocks.contiguous()
+        integer = kernels.pack_int8(blocks, fmt, in_features) if (
+            int8_dot if int8_dot is not None else int8_dot_default()) else None
+        if integer is not None:
+            packed, kernel_fmt = integer
+        else:  # the exact path (asked for, or scales the integer layout cannot hold)
+            packed, kernel_fmt = repack_q4(blocks, fmt) if fmt in Q4_LAYOUT else blocks.contiguous(), fmt
         if interleave:
             packed = interleave_rows(packed)
             bias = None if bias is None else interleave_rows(bias.detach())

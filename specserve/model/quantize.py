@@ -117,7 +117,7 @@ def weight_summary(model: nn.Module) -> str:
     formats, nbytes = Counter(), 0
     for m in model.modules():
         if isinstance(m, KernelLinear):
-            formats[m.source_fmt + (" (int8 dot)" if m.fmt in ("i4", "i8") else "")] += 1
+            formats[m.source_fmt + (" (int8 dot)" if m.fmt != m.source_fmt else "")] += 1
             nbytes += m.weight_bytes
         elif isinstance(m, nn.Linear):
             formats[str(m.weight.dtype).removeprefix("torch.")] += 1

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specserve.model.cpu_linear import int8_dot_default, kernel_can_run
+from specserve.model.cpu_linear import KernelLinear, dequantize_gguf, int8_dot_default, kernel_can_run, quantize
 
 sys.path.insert(0, os.path.dirname(__file__))
 from test_cpu_linear import make  # noqa: E402
@@ -46,7 +46,7 @@ def quantization_bound(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None)
 @pytest.mark.parametrize("fmt, k", WIDTHS)
 def test_repacked_weights_are_gguf_py_values_bit_for_bit(fmt, k):
     lin, w, _ = make(fmt, 45, k, int8_dot=True)
-    assert lin.fmt == ("i8" if fmt == "q8_0" else "i4") and lin.source_fmt == fmt
+    assert lin.fmt == {"q8_0": "i8", "q4_k": "i4w"}.get(fmt, "i4") and lin.source_fmt == fmt
     assert torch.equal(lin.dense_weight(), w)
 
 
@@ -99,6 +99,14 @@ def test_add_into_and_swiglu_round_as_torch_does(fmt, dtype):
         want, got = F.silu(gate) * up, fused.swiglu(x)
     ulp = 2.0 ** (-8 if dtype == torch.bfloat16 else -22)  # libm's exp against torch's: an ulp or so
     assert ((got.float() - want.float()).abs() <= ulp * want.float().abs() + 1e-6).all()
+
+
+def test_scales_beyond_the_f16_layout_keep_the_exact_path():
+    """Q8_0 stores -128 d beside d as f16: a block scale of 1000 overflows it, so that matrix stays exact."""
+    blocks = quantize(torch.randn(4, 64) * 1e5, "q8_0")
+    assert dequantize_gguf(blocks, "q8_0", 64).abs().max() > 65504  # d > 512
+    lin = KernelLinear.from_gguf_blocks(blocks, "q8_0", 64, int8_dot=True)
+    assert lin.fmt == "q8_0" and torch.equal(lin.dense_weight(), dequantize_gguf(blocks, "q8_0", 64))
 
 
 def test_the_environment_chooses_the_path(monkeypatch):

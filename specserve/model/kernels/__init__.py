@@ -136,8 +136,8 @@ PROTOTYPES = (
     Prototype("kv_write", None, dict(
         k=c_void_p, k_stride=c_int64, v=c_void_p, v_stride=c_int64, kc=c_void_p, vc=c_void_p, slots=c_void_p,
         tokens=c_int32, Hkv=c_int32, D=c_int32, block_size=c_int32, elem_size=c_int32)),
-    Prototype("pack_int8_rows", None, dict(
-        w=c_void_p, fmt=c_int32, w_row_bytes=c_int64, N=c_int32, K=c_int32, Kp=c_int32, out=c_void_p,
+    Prototype("pack_int8_rows", c_int, dict(
+        w=c_void_p, fmt=c_int32, w_row_bytes=c_int64, N=c_int32, K=c_int32, Kp=c_int32, to=c_int32, out=c_void_p,
         out_row_bytes=c_int64, num_threads=c_int32)),
     Prototype("dequantize_rows", None, dict(
         w=c_void_p, fmt=c_int32, w_row_bytes=c_int64, N=c_int32, K=c_int32, out=c_void_p,
@@ -267,8 +267,10 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
 
 
 # Weight formats of `linear` (codes of linear.c) and, for the GGUF ones, (weights per block, bytes per block).
-# "i4" / "i8": 4-bit / 8-bit GGUF weights repacked for integer dot products (int8_dot.h).
-WEIGHT_FORMATS = {"f32": 0, "bf16": 1, "q8_0": 2, "q4_0": 3, "q4_1": 4, "q4_k": 5, "i4": 6, "i8": 7}
+# "i4" / "i8" / "i4w": 4-bit / 8-bit GGUF weights repacked for integer dot products (int8_dot.h), with f16
+# scales ("i4w": float32 scales, for Q4_K's).
+WEIGHT_FORMATS = {"f32": 0, "bf16": 1, "q8_0": 2, "q4_0": 3, "q4_1": 4, "q4_k": 5, "i4": 6, "i8": 7, "i4w": 8}
+INT8_FORMATS = ("i4", "i8", "i4w")
 GGUF_BLOCKS = {"q8_0": (32, 34), "q4_0": (32, 18), "q4_1": (32, 20), "q4_k": (256, 144)}
 LINEAR_MODES = {"store": 0, "add": 1, "swiglu": 2}
 
@@ -307,22 +309,24 @@ def int8_padded(in_features: int) -> int:
 
 
 def int8_row_bytes(kernel_fmt: str, padded: int) -> int:
-    """Bytes of one "i4" / "i8" row of `padded` inputs (int8_dot.h's int8_w_bytes)."""
-    per_step = 32 if kernel_fmt == "i8" else 16
+    """Bytes of one row of an integer-dot format of `padded` inputs (int8_dot.h's int8_w_bytes)."""
+    per_step, scales = (32 if kernel_fmt == "i8" else 16), (64 if kernel_fmt == "i4w" else 32)
     tail = padded % 256 // 32
-    return padded // 256 * (per_step * 8 + 64) + (per_step * tail + 64 if tail else 0)
+    return padded // 256 * (per_step * 8 + scales) + (per_step * tail + scales if tail else 0)
 
 
-def pack_int8(blocks: torch.Tensor, fmt: str, in_features: int) -> tuple[torch.Tensor, str]:
+def pack_int8(blocks: torch.Tensor, fmt: str, in_features: int) -> tuple[torch.Tensor, str] | None:
     """GGUF blocks [N, row bytes] of `fmt` -> (rows [N, bytes] uint8 in int8_dot.h's layout, their format:
-    "i8" from Q8_0, "i4" from the 4-bit formats)."""
-    kernel_fmt = "i8" if fmt == "q8_0" else "i4"
+    "i8" from Q8_0, "i4w" from Q4_K, "i4" from Q4_0/Q4_1); None if a scale does not fit its f16 layout
+    (a Q4_0 or Q8_0 scale beyond f16's range once multiplied by -8 or -128)."""
+    kernel_fmt = {"q8_0": "i8", "q4_k": "i4w"}.get(fmt, "i4")
     padded = int8_padded(in_features)
     blocks = blocks.contiguous()
     out = torch.empty(blocks.shape[0], int8_row_bytes(kernel_fmt, padded), dtype=torch.uint8)
-    function("pack_int8_rows")(blocks.data_ptr(), WEIGHT_FORMATS[fmt], blocks.stride(0), blocks.shape[0], in_features,
-                               padded, out.data_ptr(), out.stride(0), torch.get_num_threads())
-    return out, kernel_fmt
+    misfits = function("pack_int8_rows")(
+        blocks.data_ptr(), WEIGHT_FORMATS[fmt], blocks.stride(0), blocks.shape[0], in_features, padded,
+        WEIGHT_FORMATS[kernel_fmt], out.data_ptr(), out.stride(0), torch.get_num_threads())
+    return None if misfits else (out, kernel_fmt)
 
 
 def dequantize(weight: torch.Tensor, fmt: str, in_features: int) -> torch.Tensor:

@@ -22,8 +22,9 @@
  * group of S = 2 or 4 blocks (1-2 or 3-4 blocks, padded with zero blocks; 5-7 make a whole group, S = 8)
  * whose lanes split blocks: L = 8 / S lanes per block, lane l holds part l % L (4 S bytes) of block l / L,
  * in S steps. (SmolLM2's 576 inputs: 2 whole groups and a tail of 2 blocks, no padding.)
- *   weight row, per group of S steps: the integers, then dw[8], m[8] (float32; m only in a block's first
- *     lane, 0 in the others, so that m s counts once). I4: S / 2 chunks of 32 bytes; byte 4l + i of chunk c
+ *   weight row, per group of S steps: the integers, then dw[8], m[8] (f16 where every value is exact in
+ *     f16 (Q4_0, Q4_1, Q8_0: the file's own f16 scales), float32 for Q4_K ("wide"); m only in a block's
+ *     first lane, 0 in the others, so that m s counts once). I4: S / 2 chunks of 32 bytes; byte 4l + i of chunk c
  *     holds lane l's weight of step 2c, byte i (low nibble) and of step 2c + 1 (high). I8: S chunks of 32
  *     bytes; byte 4l + i of chunk t: lane l's weight of step t, byte i (u = q + 128).
  *   activation row, per group: S steps of 32 bytes (byte 4l + i of step t: lane l's a of step t, byte i),
@@ -47,10 +48,17 @@ static inline int int8_padded(int K) {
     const int tail = (K / 32) % 8;
     return K - 32 * tail + 32 * (tail == 0 ? 0 : tail <= 2 ? 2 : tail <= 4 ? 4 : 8);
 }
-static inline int w_group_bytes(int i8, int S) { return (i8 ? 32 : 16) * S + 64; }
+/* kind: bit 0 set for 8-bit weights (I8), bit 1 for float32 scales (wide); else 4-bit, f16 scales. */
+static inline int w_group_bytes(int kind, int S) { return (kind & 1 ? 32 : 16) * S + (kind & 2 ? 64 : 32); }
+static inline int w_ints_bytes(int kind, int S) { return (kind & 1 ? 32 : 16) * S; }
+
+/* Lane l's dw and m of a weight group whose scales start at p. */
+static inline float scale_at(int kind, const uint8_t *p, int l) {
+    return kind & 2 ? ((const float *)p)[l] : f16_to_f32(read_u16(p + 2 * l));
+}
 static inline int x_group_bytes(int S) { return 32 * S + 96; }
-static inline int64_t int8_w_bytes(int i8, int Kp) {
-    return (int64_t)(Kp / GROUP_IN) * w_group_bytes(i8, 8) + (Kp % GROUP_IN ? w_group_bytes(i8, (Kp % GROUP_IN) / 32) : 0);
+static inline int64_t int8_w_bytes(int kind, int Kp) {
+    return (int64_t)(Kp / GROUP_IN) * w_group_bytes(kind, 8) + (Kp % GROUP_IN ? w_group_bytes(kind, (Kp % GROUP_IN) / 32) : 0);
 }
 /* Lane l's byte i of step t in a group of S steps: byte 4 S (l % L) + 4 t + i of the group's block l / L. */
 static inline int lane_byte(int S, int l, int t, int i) { return 32 * (l / (8 / S)) + 4 * S * (l % (8 / S)) + 4 * t + i; }
@@ -157,18 +165,41 @@ static void gguf_block_ints(int fmt, const uint8_t *row, int b, uint8_t *u, floa
     }
 }
 
-/* One GGUF row of K inputs -> an I4 (4-bit formats) or I8 (Q8_0) row of Kp inputs, zero blocks past K. */
-static void int8_pack_row(int fmt, const uint8_t *row, int K, int Kp, uint8_t *dst) {
-    const int i8 = fmt == 2;
-    memset(dst, 0, (size_t)int8_w_bytes(i8, Kp));
+/* v as f16 bits, if v is exactly an f16 value; else returns 0. */
+static inline int f16_exact(float v, uint16_t *h) {
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    const uint16_t sign = (uint16_t)(u >> 16 & 0x8000u);
+    const int e = (int)(u >> 23 & 0xff) - 127;
+    const float mag = fabsf(v);
+    if (mag == 0.f) *h = sign;
+    else if (e >= -14 && e <= 15) *h = sign | (uint16_t)((e + 15) << 10) | (uint16_t)((u & 0x7fffffu) >> 13);
+    else if (e >= -24 && e < -14) *h = sign | (uint16_t)(mag * 16777216.f); /* subnormal: v / 2^-24 */
+    else return 0;
+    return f16_to_f32(*h) == v;
+}
+
+/* One GGUF row of K inputs -> a row of Kp inputs of this kind (I8 from Q8_0, wide from Q4_K), zero blocks
+ * past K. Returns 0 if a scale does not fit the f16 layout (-8 d or -128 d out of f16's range). */
+static int int8_pack_row(int fmt, int kind, const uint8_t *row, int K, int Kp, uint8_t *dst) {
+    const int i8 = kind & 1;
+    memset(dst, 0, (size_t)int8_w_bytes(kind, Kp));
     for (int b = 0; b < K / 32; b++) {
         const int g = b / 8, S = group_steps(g, Kp), L = 8 / S, j = b % 8;
-        uint8_t u[32], *wg = dst + (int64_t)g * w_group_bytes(i8, 8);
-        float *dw = (float *)(wg + (i8 ? 32 : 16) * S), *m = dw + 8, scale, offset;
+        uint8_t u[32], *wg = dst + (int64_t)g * w_group_bytes(kind, 8), *scales = wg + w_ints_bytes(kind, S);
+        float scale, offset;
         gguf_block_ints(fmt, row, b, u, &scale, &offset);
         for (int l = j * L; l < (j + 1) * L; l++) {
-            dw[l] = scale;
-            m[l] = l == j * L ? offset : 0.f;
+            const float m = l == j * L ? offset : 0.f;
+            if (kind & 2) {
+                ((float *)scales)[l] = scale;
+                ((float *)scales)[8 + l] = m;
+            } else {
+                uint16_t hd, hm;
+                if (!f16_exact(scale, &hd) || !f16_exact(m, &hm)) return 0;
+                memcpy(scales + 2 * l, &hd, 2);
+                memcpy(scales + 16 + 2 * l, &hm, 2);
+            }
             for (int i = 0; i < 4; i++)
                 if (i8)
                     for (int t = 0; t < S; t++) wg[32 * t + 4 * l + i] = u[lane_byte(S, l, t, i) - 32 * j];
@@ -178,24 +209,25 @@ static void int8_pack_row(int fmt, const uint8_t *row, int K, int Kp, uint8_t *d
                                                            | u[lane_byte(S, l, 2 * c + 1, i) - 32 * j] << 4);
         }
     }
+    return 1;
 }
 
 /* Lane l's integer of step t, byte i, in weight group wg of S steps. */
-static inline int w_int(int i8, const uint8_t *wg, int l, int t, int i) {
-    return i8 ? wg[32 * t + 4 * l + i] : (wg[32 * (t / 2) + 4 * l + i] >> (t % 2 ? 4 : 0)) & 0x0f;
+static inline int w_int(int kind, const uint8_t *wg, int l, int t, int i) {
+    return kind & 1 ? wg[32 * t + 4 * l + i] : (wg[32 * (t / 2) + 4 * l + i] >> (t % 2 ? 4 : 0)) & 0x0f;
 }
 
-/* The float32 values dw u + m of an I4/I8 row's first K inputs (equal to the GGUF block's own). */
-static void int8_dequantize_row(int i8, const uint8_t *row, int K, float *dst) {
+/* The float32 values dw u + m of a row's first K inputs (equal to the GGUF block's own). */
+static void int8_dequantize_row(int kind, const uint8_t *row, int K, float *dst) {
     const int Kp = int8_padded(K);
     for (int b = 0; b < K / 32; b++) {
         const int g = b / 8, S = group_steps(g, Kp), L = 8 / S, j = b % 8;
-        const uint8_t *wg = row + (int64_t)g * w_group_bytes(i8, 8);
-        const float *dw = (const float *)(wg + (i8 ? 32 : 16) * S), *m = dw + 8;
+        const uint8_t *wg = row + (int64_t)g * w_group_bytes(kind, 8), *scales = wg + w_ints_bytes(kind, S);
+        const float m = scale_at(kind, scales + (kind & 2 ? 32 : 16), j * L);
         for (int l = j * L; l < (j + 1) * L; l++)
             for (int t = 0; t < S; t++)
                 for (int i = 0; i < 4; i++)
-                    dst[32 * g * 8 + lane_byte(S, l, t, i)] = fmaf(dw[l], (float)w_int(i8, wg, l, t, i), m[j * L]);
+                    dst[32 * g * 8 + lane_byte(S, l, t, i)] = fmaf(scale_at(kind, scales, l), (float)w_int(kind, wg, l, t, i), m);
     }
 }
 
@@ -204,17 +236,17 @@ static void int8_dequantize_row(int i8, const uint8_t *row, int K, float *dst) {
 #if INT_SIMD
 /* Each row's block sums in two int32 accumulators (a0: even steps, a1: odd), so that a single row still
  * has two independent chains of vpdpbusd; each weight chunk is loaded and unpacked once for all rows. */
-static inline __attribute__((always_inline)) void int_tile(const int i8, const uint8_t *w, const uint8_t *ahead,
+static inline __attribute__((always_inline)) void int_tile(const int kind, const uint8_t *w, const uint8_t *ahead,
                                                            const uint8_t *xq, int64_t xb, int Kp, const int RT,
                                                            float *y, int ys) {
-    const int gb = w_group_bytes(i8, 8);
+    const int gb = w_group_bytes(kind, 8), i8 = kind & 1;
     const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
     __m256 f[INT_ROWS];
     for (int r = 0; r < RT; r++) f[r] = _mm256_setzero_ps();
     for (int g = 0; g < groups_of(Kp); g++) {
         const int S = group_steps(g, Kp);
         const uint8_t *wg = w + (int64_t)g * gb, *xg = xq + (int64_t)g * x_group_bytes(8);
-        for (int line = 0; line < w_group_bytes(i8, S); line += 64)
+        for (int line = 0; line < w_group_bytes(kind, S); line += 64)
             _mm_prefetch((const char *)ahead + (int64_t)g * gb + line, _MM_HINT_T0);
         __m256i a0[INT_ROWS], a1[INT_ROWS];
         for (int r = 0; r < RT; r++) a0[r] = a1[r] = _mm256_setzero_si256();
@@ -251,8 +283,11 @@ static inline __attribute__((always_inline)) void int_tile(const int i8, const u
 #endif
             }
         }
-        const float *scales = (const float *)(wg + (i8 ? 32 : 16) * S);
-        const __m256 dw = _mm256_loadu_ps(scales), m = _mm256_loadu_ps(scales + 8);
+        const uint8_t *scales = wg + w_ints_bytes(kind, S);
+        const __m256 dw = kind & 2 ? _mm256_loadu_ps((const float *)scales)
+                                   : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)scales));
+        const __m256 m = kind & 2 ? _mm256_loadu_ps((const float *)(scales + 32))
+                                  : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scales + 16)));
         for (int r = 0; r < RT; r++) {
             const uint8_t *xr = xg + r * xb + 32 * S; /* da[8], s[8], sum(a)[8] */
             __m256i D;
@@ -276,21 +311,21 @@ static inline __attribute__((always_inline)) void int_tile(const int i8, const u
     }
 }
 #else
-static void int_tile(const int i8, const uint8_t *w, const uint8_t *ahead, const uint8_t *xq, int64_t xb, int Kp,
+static void int_tile(const int kind, const uint8_t *w, const uint8_t *ahead, const uint8_t *xq, int64_t xb, int Kp,
                      const int RT, float *y, int ys) {
     (void)ahead;
     for (int r = 0; r < RT; r++) {
         float f[8] = {0};
         for (int g = 0; g < groups_of(Kp); g++) {
             const int S = group_steps(g, Kp);
-            const uint8_t *wg = w + (int64_t)g * w_group_bytes(i8, 8), *xg = xq + r * xb + (int64_t)g * x_group_bytes(8);
-            const float *dw = (const float *)(wg + (i8 ? 32 : 16) * S), *m = dw + 8;
+            const uint8_t *wg = w + (int64_t)g * w_group_bytes(kind, 8), *xg = xq + r * xb + (int64_t)g * x_group_bytes(8);
+            const uint8_t *scales = wg + w_ints_bytes(kind, S), *ms = scales + (kind & 2 ? 32 : 16);
             const float *da = (const float *)(xg + 32 * S), *s = da + 8;
             for (int l = 0; l < 8; l++) {
                 int32_t D = 0;
                 for (int t = 0; t < S; t++)
-                    for (int i = 0; i < 4; i++) D += w_int(i8, wg, l, t, i) * (int8_t)xg[32 * t + 4 * l + i];
-                f[l] = fmaf(m[l], s[l], fmaf((float)D * da[l], dw[l], f[l]));
+                    for (int i = 0; i < 4; i++) D += w_int(kind, wg, l, t, i) * (int8_t)xg[32 * t + 4 * l + i];
+                f[l] = fmaf(scale_at(kind, ms, l), s[l], fmaf((float)D * da[l], scale_at(kind, scales, l), f[l]));
             }
         }
         y[r * ys] = ((f[0] + f[4]) + (f[2] + f[6])) + ((f[1] + f[5]) + (f[3] + f[7])); /* the SIMD tree */
@@ -299,7 +334,7 @@ static void int_tile(const int i8, const uint8_t *w, const uint8_t *ahead, const
 #endif
 
 /* y[r * ys + o] for rows r < rows of xq against the no weight rows at w; `ahead`: a row to prefetch. */
-static void int8_rows(const int i8, const uint8_t *w, int64_t row_bytes, int no, const uint8_t *xq, int64_t xb,
+static void int8_rows(const int kind, const uint8_t *w, int64_t row_bytes, int no, const uint8_t *xq, int64_t xb,
                       int rows, int Kp, float *y, int ys) {
     for (int r0 = 0; r0 < rows; r0 += INT_ROWS) {
         const int rt = rows - r0 < INT_ROWS ? rows - r0 : INT_ROWS;
@@ -308,16 +343,16 @@ static void int8_rows(const int i8, const uint8_t *w, int64_t row_bytes, int no,
             const uint8_t *wo = w + o * row_bytes, *ahead = wo + 4 * row_bytes;
             float *yo = y + r0 * ys + o;
             switch (rt) { /* each row count its own unrolled tile */
-            case 1: int_tile(i8, wo, ahead, xr, xb, Kp, 1, yo, ys); break;
-            case 2: int_tile(i8, wo, ahead, xr, xb, Kp, 2, yo, ys); break;
-            case 3: int_tile(i8, wo, ahead, xr, xb, Kp, 3, yo, ys); break;
+            case 1: int_tile(kind, wo, ahead, xr, xb, Kp, 1, yo, ys); break;
+            case 2: int_tile(kind, wo, ahead, xr, xb, Kp, 2, yo, ys); break;
+            case 3: int_tile(kind, wo, ahead, xr, xb, Kp, 3, yo, ys); break;
 #if INT_ROWS > 4
-            case 4: int_tile(i8, wo, ahead, xr, xb, Kp, 4, yo, ys); break;
-            case 5: int_tile(i8, wo, ahead, xr, xb, Kp, 5, yo, ys); break;
-            case 6: int_tile(i8, wo, ahead, xr, xb, Kp, 6, yo, ys); break;
-            case 7: int_tile(i8, wo, ahead, xr, xb, Kp, 7, yo, ys); break;
+            case 4: int_tile(kind, wo, ahead, xr, xb, Kp, 4, yo, ys); break;
+            case 5: int_tile(kind, wo, ahead, xr, xb, Kp, 5, yo, ys); break;
+            case 6: int_tile(kind, wo, ahead, xr, xb, Kp, 6, yo, ys); break;
+            case 7: int_tile(kind, wo, ahead, xr, xb, Kp, 7, yo, ys); break;
 #endif
-            default: int_tile(i8, wo, ahead, xr, xb, Kp, INT_ROWS, yo, ys); break;
+            default: int_tile(kind, wo, ahead, xr, xb, Kp, INT_ROWS, yo, ys); break;
             }
         }
     }

@@ -34,8 +34,10 @@
 #define SIMD 0
 #endif
 
-/* FMT_I4, FMT_I8: 4-bit and 8-bit weights in int8_dot.h's layout, multiplied by int8-quantized activations. */
-enum { FMT_F32 = 0, FMT_BF16 = 1, FMT_Q8_0 = 2, FMT_Q4_0 = 3, FMT_Q4_1 = 4, FMT_Q4_K = 5, FMT_I4 = 6, FMT_I8 = 7 };
+/* FMT_I4, FMT_I8, FMT_I4_WIDE: 4-bit and 8-bit weights in int8_dot.h's layout (f16 scales; float32 for
+ * Q4_K's), multiplied by int8-quantized activations; fmt - FMT_I4 is int8_dot.h's kind. */
+enum { FMT_F32 = 0, FMT_BF16 = 1, FMT_Q8_0 = 2, FMT_Q4_0 = 3, FMT_Q4_1 = 4, FMT_Q4_K = 5, FMT_I4 = 6, FMT_I8 = 7,
+       FMT_I4_WIDE = 8 };
 /* What happens to each result y (after the bias): STORE writes it; ADD adds it, rounded to the output
  * dtype, to what out holds (the residual stream, as `x + linear(h)` in torch); SWIGLU takes outputs in
  * pairs (2i: gate_i, 2i + 1: up_i) and writes silu(gate_i) * up_i at column i, rounding as torch's
@@ -195,7 +197,7 @@ static void expand_row(int fmt, const uint8_t *row, int K, float *dst, const uin
     case FMT_Q4_0: expand_fmt(FMT_Q4_0, row, K, dst, ahead); break;
     case FMT_Q4_1: expand_fmt(FMT_Q4_1, row, K, dst, ahead); break;
     case FMT_Q4_K: expand_fmt(FMT_Q4_K, row, K, dst, ahead); break;
-    case FMT_I4: case FMT_I8: int8_dequantize_row(fmt == FMT_I8, row, K, dst); break;
+    case FMT_I4: case FMT_I8: case FMT_I4_WIDE: int8_dequantize_row(fmt - FMT_I4, row, K, dst); break;
     }
 }
 
@@ -384,7 +386,7 @@ int NAME(const uint8_t *w, int32_t fmt, int64_t w_row_bytes, int32_t N, int32_t 
          const T *x, int64_t x_stride, int32_t rows, const float *bias, T *out, int64_t out_stride,        \
          int32_t mode, int32_t num_threads) {                                                              \
     const int groups = (N + GROUP - 1) / GROUP, block = rows < ROW_BLOCK ? rows : ROW_BLOCK;              \
-    const int integer = fmt == FMT_I4 || fmt == FMT_I8; /* rows quantized to int8 blocks (int8_dot.h) */  \
+    const int integer = fmt >= FMT_I4; /* rows quantized to int8 blocks (int8_dot.h) */                    \
     const int64_t xb = int8_x_bytes(Kp);                                                                   \
     float *xs = malloc(sizeof(float) * (size_t)block * Kp);                                                \
     uint8_t *xq = integer ? malloc((size_t)(block * xb)) : NULL;                                           \
@@ -413,7 +415,7 @@ int NAME(const uint8_t *w, int32_t fmt, int64_t w_row_bytes, int32_t N, int32_t 
                 const uint8_t *wg = w + (int64_t)o0 * w_row_bytes;                                         \
                 if (integer) {                                                                             \
                     float y[ROW_BLOCK * GROUP];                                                            \
-                    int8_rows(fmt == FMT_I8, wg, w_row_bytes, no, xq, xb, nr, Kp, y, GROUP);               \
+                    int8_rows(fmt - FMT_I4, wg, w_row_bytes, no, xq, xb, nr, Kp, y, GROUP);                \
                     epilogue_##SUFFIX(y, nr, no, out + (int64_t)r0 * out_stride, out_stride, o0, bias, mode); \
                     continue;                                                                              \
                 }                                                                                          \
@@ -458,9 +460,13 @@ void dequantize_rows(const uint8_t *w, int32_t fmt, int64_t w_row_bytes, int32_t
     for (int n = 0; n < N; n++) expand_row(fmt, w + (int64_t)n * w_row_bytes, K, out + (int64_t)n * K, NULL);
 }
 
-/* GGUF rows (fmt FMT_Q8_0 .. FMT_Q4_K, K inputs) -> int8_dot.h's I8 (Q8_0) or I4 rows of Kp inputs. */
-void pack_int8_rows(const uint8_t *w, int32_t fmt, int64_t w_row_bytes, int32_t N, int32_t K, int32_t Kp, uint8_t *out,
-                    int64_t out_row_bytes, int32_t num_threads) {
-    _Pragma("omp parallel for schedule(static) num_threads(num_threads)")
-    for (int n = 0; n < N; n++) int8_pack_row(fmt, w + (int64_t)n * w_row_bytes, K, Kp, out + (int64_t)n * out_row_bytes);
+/* GGUF rows (fmt FMT_Q8_0 .. FMT_Q4_K, K inputs) -> rows of Kp inputs in format `to` (FMT_I4, FMT_I8 or
+ * FMT_I4_WIDE). Returns how many rows have a scale that the format's f16 scales cannot hold (0: all fit). */
+int pack_int8_rows(const uint8_t *w, int32_t fmt, int64_t w_row_bytes, int32_t N, int32_t K, int32_t Kp, int32_t to,
+                   uint8_t *out, int64_t out_row_bytes, int32_t num_threads) {
+    int misfits = 0;
+    _Pragma("omp parallel for schedule(static) reduction(+:misfits) num_threads(num_threads)")
+    for (int n = 0; n < N; n++)
+        misfits += !int8_pack_row(fmt, to - FMT_I4, w + (int64_t)n * w_row_bytes, K, Kp, out + (int64_t)n * out_row_bytes);
+    return misfits;
 }
