@@ -443,27 +443,30 @@ def report(out: Path) -> Path:
                      f"{_cell(chat, lambda r: r.get('mean_output_tokens'))} | "
                      f"{_cell(sat, lambda r: r.get('request_throughput_rps'))} | "
                      f"{'-' if cold is None else f'{cold:.1f}'} |")
-    lines += ["", "## Poisson load: mean E2E s (256-token Spec-Bench prompts, 128 tokens forced)", "",
-              "| configuration | " + " | ".join(f"{r:g} req/s" for r in rates) + " |",
-              "|---|" + "---|" * len(rates)]
-    for label in labels:
-        lines.append(f"| {label} | " + " | ".join(_cell(of(load, label, rate=r), lambda x: x["e2e_s"]["mean"])
-                                                 for r in rates) + " |")
-    lines += ["", "## Best configuration of each system per load level (the README table)", "",
-              "| system | " + " | ".join(f"{r:g} req/s" for r in rates) + " |", "|---|" + "---|" * len(rates)]
-    systems = sorted({r["sweep"]["system"] for r in load})
-    for system in systems:
-        cells = []
-        for rate in rates:
-            means = {label: _mean([x["e2e_s"]["mean"] for x in of(load, label, rate=rate, system=system)])
-                     for label in labels}
-            means = {k: v for k, v in means.items() if v is not None}
-            best = min(means, key=means.get) if means else None
-            cells.append("-" if best is None else f"{means[best]:.2f} s {best}")
-        lines.append(f"| {system} | " + " | ".join(cells) + " |")
-    lines += ["", "## Latency model per system (`specserve latency validate`, rounds as repeats)", ""]
-    for system in systems:
-        lines += [f"### {system}", "", "```", _fit(out, system), "```", ""]
+    if rates:  # none with --rates none
+        lines += ["", "## Poisson load: mean E2E s (256-token Spec-Bench prompts, 128 tokens forced)", "",
+                  "| configuration | " + " | ".join(f"{r:g} req/s" for r in rates) + " |",
+                  "|---|" + "---|" * len(rates)]
+        for label in labels:
+            lines.append(f"| {label} | " + " | ".join(_cell(of(load, label, rate=r), lambda x: x["e2e_s"]["mean"])
+                                                     for r in rates) + " |")
+        lines += ["", "## Best configuration of each system per load level (the README table)", "",
+                  "| system | " + " | ".join(f"{r:g} req/s" for r in rates) + " |", "|---|" + "---|" * len(rates)]
+        systems = sorted({r["sweep"]["system"] for r in load})
+        for system in systems:
+            cells = []
+            for rate in rates:
+                means = {label: _mean([x["e2e_s"]["mean"] for x in of(load, label, rate=rate, system=system)])
+                         for label in labels}
+                means = {k: v for k, v in means.items() if v is not None}
+                best = min(means, key=means.get) if means else None
+                cells.append("-" if best is None else f"{means[best]:.2f} s {best}")
+            lines.append(f"| {system} | " + " | ".join(cells) + " |")
+        lines += ["", "## Latency model per system (`specserve latency validate`, rounds as repeats)", ""]
+        for system in systems:
+            lines += [f"### {system}", "", "```", _fit(out, system), "```", ""]
+    else:
+        lines.append("")
     lines += ["## Commands", ""] + [f"- `{label}`: `{c['command']}`" + (f" — {c['notes']}" if c.get("notes") else "")
                                     for label, c in meta.get("configurations", {}).items()]
     if (out / "failures.txt").is_file():
