@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import signal
 import socket
 import threading
+from pathlib import Path
 
 from specserve.errors import SpecServeError
 from specserve.scaleout.settings import APP_NAME, ScaleoutSettings
@@ -23,13 +25,27 @@ RAY_FAILED = "Ray could not start a local cluster"  # tests skip on this line: n
 
 def free_port(host: str, port: int) -> int:
     """`port`, checked free now (a taken port fails before the model loads), or a free one for 0. Ray binds
-    it itself, so for 0 another process could take it in between: good enough for tests and benchmarks."""
+    it itself, a moment later, while its own processes bind ports the kernel hands out (port 0, the
+    ephemeral range) and its workers take 10002-19999: so a port for 0 comes from between the two, where
+    none of Ray's can take it in between (one from the ephemeral range once lost that race in CI)."""
+    candidates = [port] if port else random.Random().sample(range(20000, _ephemeral_start()), 64) + [0]
+    for candidate in candidates:
+        try:
+            with socket.socket(socket.getaddrinfo(host, candidate, type=socket.SOCK_STREAM)[0][0]) as s:
+                s.bind((host, candidate))
+                return s.getsockname()[1]
+        except OSError as e:
+            if port:
+                raise SpecServeError(f"cannot listen on {host}:{port}: {e}") from None
+    raise SpecServeError(f"cannot listen on {host}: no free port")
+
+
+def _ephemeral_start() -> int:
+    """The first port of the kernel's ephemeral range (32768 where it cannot be read)."""
     try:
-        with socket.socket(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]) as s:
-            s.bind((host, port))
-            return s.getsockname()[1]
-    except OSError as e:
-        raise SpecServeError(f"cannot listen on {host}:{port}: {e}") from None
+        return max(20001, int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0]))
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def start_ray(address: str | None, s: ScaleoutSettings) -> bool:
