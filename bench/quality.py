@@ -10,7 +10,13 @@ token). Variants, one model file (the default target's GGUF):
 For each: perplexity per text, and against `dense`: the share of positions whose top-1 token agrees and the
 mean KL(dense || variant) in nats.
 
-    python bench/quality.py [--dtype float32] [--tokens 512] [--chunks 12] [--label NAME]
+With --llama-perplexity PATH (llama.cpp's tool, built by `python bench/peers.py setup` plus
+`cmake --build <its build> --target llama-perplexity`), each kind's documents are also joined into one
+text file and scored by llama.cpp's protocol, by that tool on the GGUF file and by us on every variant:
+the whole text tokenized once, cut into windows of --tokens tokens, and only the second half of each
+window scored (every scored token has at least half a window of context; no BOS: the model adds none).
+
+    python bench/quality.py [--dtype float32] [--tokens 512] [--chunks 12] [--llama-perplexity PATH] [--label NAME]
 
 Writes bench/results/quality/<label>.md and .json.
 """
@@ -22,7 +28,10 @@ import json
 import math
 import os
 import platform
+import re
+import subprocess
 import sysconfig
+import tempfile
 from importlib import resources
 from pathlib import Path
 
@@ -58,6 +67,46 @@ def chunk_logits(model, ids: list[int]) -> torch.Tensor:
         return model.compute_logits(model(torch.tensor(ids), meta, kv)).float()
 
 
+def llama_protocol_nll(model, ids: list[int], window: int) -> tuple[float, int]:
+    """(sum of NLL, tokens scored) over whole windows of `ids`, each scoring its second half's next tokens."""
+    nll, count, first = 0.0, 0, window // 2
+    for start in range(0, len(ids) - window + 1, window):
+        chunk = ids[start:start + window]
+        logp = F.log_softmax(chunk_logits(model, chunk)[first:window - 1], dim=-1)
+        nll -= logp.gather(1, torch.tensor(chunk[first + 1:])[:, None]).sum().item()
+        count += window - 1 - first
+    return nll, count
+
+
+def llama_cpp_ppl(tool: str, gguf: str, text_file: str, window: int, threads: int) -> float:
+    """llama-perplexity's final estimate on the file."""
+    proc = subprocess.run([tool, "-m", gguf, "-f", text_file, "-c", str(window), "-b", str(window), "-t", str(threads)],
+                          capture_output=True, text=True, timeout=3600)
+    found = re.search(r"Final estimate: PPL = ([0-9.]+)", proc.stdout + proc.stderr)
+    if found is None:
+        raise SystemExit(f"llama-perplexity gave no estimate:\n{(proc.stdout + proc.stderr)[-2000:]}")
+    return float(found.group(1))
+
+
+def evaluate_llama_protocol(args, models: dict, tokenizer, docs: dict) -> list[dict]:
+    from specserve.model.registry import gguf_path
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind, documents in docs.items():
+            path = Path(tmp) / "text.txt"
+            joined = tokenizer.encode("\n\n".join(documents))  # its first --windows windows (and a little more)
+            path.write_text(tokenizer.decode(joined[:(args.windows + 1) * args.tokens], skip_special_tokens=False))
+            ids = tokenizer.encode(path.read_text())
+            for name, model in models.items():
+                nll, count = llama_protocol_nll(model, ids, args.tokens)
+                out.append({"text": kind, "variant": name, "tokens": count, "ppl": math.exp(nll / count)})
+            ppl = llama_cpp_ppl(args.llama_perplexity, str(gguf_path(args.model)), str(path), args.tokens, args.threads)
+            out.append({"text": kind, "variant": "llama.cpp (llama-perplexity, the same GGUF)", "tokens": count,
+                        "ppl": ppl})
+            print(f"{kind}: llama.cpp protocol done", flush=True)
+    return out
+
+
 def evaluate(args) -> list[dict]:
     from specserve.model.loader import load_model
     from specserve.model.quantize import weight_summary
@@ -70,6 +119,8 @@ def evaluate(args) -> list[dict]:
         tokenizer = loaded.tokenizer
         print(f"{name}: {summaries[name]}", flush=True)
     os.environ.pop("SPECSERVE_INT8_DOT")
+    if args.llama_perplexity:
+        args.llama_rows = evaluate_llama_protocol(args, models, tokenizer, docs)
     out = []
     for kind, documents in docs.items():
         nll = {n: 0.0 for n in models}
@@ -105,6 +156,15 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def llama_table(rows: list[dict]) -> str:
+    lines = ["| text | scored by | tokens scored | perplexity | vs dense |", "|---|---|---|---|---|"]
+    for r in rows:
+        dense = next(d for d in rows if d["text"] == r["text"] and d["variant"] == "dense")
+        lines.append(f"| {r['text']} | {r['variant']} | {r['tokens']} | {r['ppl']:.3f} | "
+                     f"{100 * (r['ppl'] / dense['ppl'] - 1):+.2f}% |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m")
@@ -112,8 +172,11 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=512, help="tokens per chunk")
     p.add_argument("--chunks", type=int, default=12, help="documents per text kind")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--llama-perplexity", help="path of llama.cpp's llama-perplexity: also score by its protocol")
+    p.add_argument("--windows", type=int, default=16, help="windows per text kind in llama.cpp's protocol")
     p.add_argument("--label", default=None)
     args = p.parse_args()
+    args.llama_rows = []
     torch.set_num_threads(args.threads)
     label = args.label or f"{datetime.date.today()}-{args.dtype}"
     rows = evaluate(args)
@@ -122,9 +185,14 @@ def main() -> None:
     md = (f"# Quality of the weight paths ({label})\n\n`python bench/quality.py {' '.join(os.sys.argv[1:])}`: "
           f"{args.model}, {args.dtype} activations, {cpu}, torch {torch.__version__}.\n\n{table(rows)}\n\n"
           "Weights: " + "; ".join(dict.fromkeys(f"{r['variant']}: {r['weights']}" for r in rows)) + "\n")
+    if args.llama_rows:
+        md += (f"\n## llama.cpp's protocol (windows of {args.tokens} tokens over the joined documents, second "
+               f"halves scored)\n\n{llama_table(args.llama_rows)}\n")
     print(md)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{label}.json").write_text(json.dumps({"args": vars(args), "cpu": cpu, "rows": rows}, indent=1))
+    (RESULTS / f"{label}.json").write_text(json.dumps({"args": {k: v for k, v in vars(args).items() if k != "llama_rows"},
+                                                       "cpu": cpu, "rows": rows, "llama_protocol": args.llama_rows},
+                                                      indent=1))
     (RESULTS / f"{label}.md").write_text(md)
     print(f"wrote {RESULTS / label}.md and .json")
 
