@@ -120,6 +120,20 @@ def test_drafts_quantized_at_load_stay_lossless(tiny_target, request, baseline, 
     assert [o.token_ids for o in llm.generate(ps[:40], GREEDY)] == expected[:40]
 
 
+@pytest.mark.parametrize("method", ["ngram", "eagle+ngram"])
+def test_a_quantized_target_on_int8_dot_products_stays_lossless(tiny_target, request, method, monkeypatch):
+    """A Q4_0 target on the integer path (int8 activations, the default for quantized weights): each row's
+    logits do not depend on the rows beside it, so a verify gives what single decodes give."""
+    monkeypatch.delenv("SPECSERVE_INT8_DOT", raising=False)
+    ps = prompts(40)
+    plain = LLM(model=str(tiny_target), dtype="float32", quantization="q4_0")
+    assert {m.fmt for m in plain.engine.runner.model.modules() if hasattr(m, "source_fmt")} == {"i4"}
+    want = [o.token_ids for o in plain.generate(ps, GREEDY)]
+    llm = LLM(model=str(tiny_target), dtype="float32", quantization="q4_0",
+              speculative_config=spec_config(method, request, 4))
+    assert [o.token_ids for o in llm.generate(ps, GREEDY)] == want
+
+
 def test_stop_and_max_tokens_inside_an_accepted_run(tiny_target, tiny_draft, baseline):
     ps, want = baseline
     llm = LLM(model=str(tiny_target), dtype="float32",

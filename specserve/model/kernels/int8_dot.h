@@ -58,10 +58,13 @@ static inline float scale_at(int kind, const uint8_t *p, int l) {
 }
 static inline int x_group_bytes(int S) { return 32 * S + 96; }
 static inline int64_t int8_w_bytes(int kind, int Kp) {
-    return (int64_t)(Kp / GROUP_IN) * w_group_bytes(kind, 8) + (Kp % GROUP_IN ? w_group_bytes(kind, (Kp % GROUP_IN) / 32) : 0);
+    const int tail = (Kp % GROUP_IN) / 32;
+    return (int64_t)(Kp / GROUP_IN) * w_group_bytes(kind, 8) + (tail ? w_group_bytes(kind, tail) : 0);
 }
 /* Lane l's byte i of step t in a group of S steps: byte 4 S (l % L) + 4 t + i of the group's block l / L. */
-static inline int lane_byte(int S, int l, int t, int i) { return 32 * (l / (8 / S)) + 4 * S * (l % (8 / S)) + 4 * t + i; }
+static inline int lane_byte(int S, int l, int t, int i) {
+    return 32 * (l / (8 / S)) + 4 * S * (l % (8 / S)) + 4 * t + i;
+}
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -116,7 +119,8 @@ static void int8_quantize_row(const float *x, int Kp, uint8_t *dst) {
             __m256i n[4];
             for (int i = 0; i < 4; i++) n[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], id)); /* nearest, ties even */
             const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(n[0], n[1]), _mm256_packs_epi32(n[2], n[3]));
-            _mm256_storeu_si256((__m256i *)q, _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+            const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+            _mm256_storeu_si256((__m256i *)q, _mm256_permutevar8x32_epi32(b, order));
 #else
             float amax = 0.f;
             for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(xb[i]));
@@ -227,7 +231,8 @@ static void int8_dequantize_row(int kind, const uint8_t *row, int K, float *dst)
         for (int l = j * L; l < (j + 1) * L; l++)
             for (int t = 0; t < S; t++)
                 for (int i = 0; i < 4; i++)
-                    dst[32 * g * 8 + lane_byte(S, l, t, i)] = fmaf(scale_at(kind, scales, l), (float)w_int(kind, wg, l, t, i), m);
+                    dst[32 * g * 8 + lane_byte(S, l, t, i)] =
+                        fmaf(scale_at(kind, scales, l), (float)w_int(kind, wg, l, t, i), m);
     }
 }
 
@@ -274,8 +279,10 @@ static inline __attribute__((always_inline)) void int_tile(const int kind, const
                 a1[r] = DPBUSD(a1[r], u1, x1);
 #else
                 if (i8) {
-                    a0[r] = _mm256_add_epi32(a0[r], _mm256_madd_epi16(_mm256_maddubs_epi16(p0, _mm256_sign_epi8(x0, q0)), ones));
-                    a1[r] = _mm256_add_epi32(a1[r], _mm256_madd_epi16(_mm256_maddubs_epi16(p1, _mm256_sign_epi8(x1, q1)), ones));
+                    const __m256i s0 = _mm256_maddubs_epi16(p0, _mm256_sign_epi8(x0, q0));
+                    const __m256i s1 = _mm256_maddubs_epi16(p1, _mm256_sign_epi8(x1, q1));
+                    a0[r] = _mm256_add_epi32(a0[r], _mm256_madd_epi16(s0, ones));
+                    a1[r] = _mm256_add_epi32(a1[r], _mm256_madd_epi16(s1, ones));
                 } else { /* int16 sums: 4 steps of pairs <= 4 * 2 * 15 * 127 < 2^15 */
                     a0[r] = _mm256_add_epi16(a0[r], _mm256_maddubs_epi16(p0, x0));
                     a1[r] = _mm256_add_epi16(a1[r], _mm256_maddubs_epi16(p1, x1));
@@ -318,7 +325,8 @@ static void int_tile(const int kind, const uint8_t *w, const uint8_t *ahead, con
         float f[8] = {0};
         for (int g = 0; g < groups_of(Kp); g++) {
             const int S = group_steps(g, Kp);
-            const uint8_t *wg = w + (int64_t)g * w_group_bytes(kind, 8), *xg = xq + r * xb + (int64_t)g * x_group_bytes(8);
+            const uint8_t *wg = w + (int64_t)g * w_group_bytes(kind, 8);
+            const uint8_t *xg = xq + r * xb + (int64_t)g * x_group_bytes(8);
             const uint8_t *scales = wg + w_ints_bytes(kind, S), *ms = scales + (kind & 2 ? 32 : 16);
             const float *da = (const float *)(xg + 32 * S), *s = da + 8;
             for (int l = 0; l < 8; l++) {

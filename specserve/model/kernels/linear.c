@@ -467,6 +467,7 @@ int pack_int8_rows(const uint8_t *w, int32_t fmt, int64_t w_row_bytes, int32_t N
     int misfits = 0;
     _Pragma("omp parallel for schedule(static) reduction(+:misfits) num_threads(num_threads)")
     for (int n = 0; n < N; n++)
-        misfits += !int8_pack_row(fmt, to - FMT_I4, w + (int64_t)n * w_row_bytes, K, Kp, out + (int64_t)n * out_row_bytes);
+        misfits += !int8_pack_row(fmt, to - FMT_I4, w + (int64_t)n * w_row_bytes, K, Kp,
+                                  out + (int64_t)n * out_row_bytes);
     return misfits;
 }
