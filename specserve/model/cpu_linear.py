@@ -2,14 +2,15 @@
 
 `KernelLinear` replaces an nn.Linear for inference on the CPU. Its weight is held in the layout the kernel
 reads, chosen at load: float32/bf16 rows padded with zeros to a multiple of 32 inputs; GGUF blocks
-(Q8_0, Q4_0, Q4_1, Q4_K) either for **integer dot products** (the default: formats "i4" / "i8",
-`kernels/int8_dot.h`), where each input row is quantized to int8 blocks and multiplied in int32, or
+(Q8_0, Q4_0, Q4_1, Q4_K) either for **integer dot products** (the default: formats "i4", "i8" and
+"i4w", `kernels/int8_dot.h`), where each input row is quantized to int8 blocks and multiplied in int32, or
 for the **exact path** (SPECSERVE_INT8_DOT=0: the blocks as the file has them, the nibbles of the 4-bit
 formats reordered inside each run of 32 weights by `repack_q4`, expanded to float32). The exact path
 equals the dequantized float32 matrix times x up to the order of accumulation; the integer path adds
 the activations' 8-bit rounding (as llama.cpp's q8 activations; bench/quality.py measures what it
-costs) and runs 32 rows several times faster. Both compute every output element the same way whatever
-the number of rows (batch invariant; tests/model/test_cpu_linear.py, test_int8_dot.py).
+costs) and runs a whole forward 1.5-2.3x faster (docs/cpu-kernels.md). Both compute every output
+element the same way whatever the number of rows (batch invariant; tests/model/test_cpu_linear.py,
+test_int8_dot.py).
 
 A fused gate/up projection can keep its rows interleaved (gate_0, up_0, gate_1, ...): `swiglu` then
 returns silu(gate) * up straight from the kernel, with no [rows, 2 * intermediate] tensor in between;

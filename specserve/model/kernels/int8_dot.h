@@ -1,7 +1,7 @@
-/* Integer dot products for 4-bit and 8-bit weights (included by linear.c, its formats FMT_I4, FMT_I8).
+/* Integer dot products for 4-bit and 8-bit weights (included by linear.c: FMT_I4, FMT_I8, FMT_I4_WIDE).
  *
  * Why: expanding weights to float32 costs more arithmetic per row than the multiply-adds themselves, so
- * 32 rows cost ~10x one row. Here each row of x is quantized once per call to int8 in blocks of 32
+ * 32 rows cost ~12x one row. Here each row of x is quantized once per call to int8 in blocks of 32
  * (as llama.cpp's q8 activations), and a block's dot product with 32 weights is an exact int32 sum:
  * vpdpbusd (AVX-512 VNNI / AVX-VNNI) multiplies 4 unsigned weight bytes by 4 signed activation bytes
  * and adds them into one int32 lane; AVX2 without VNNI gets the same int32 from maddubs + madd, and the
@@ -24,9 +24,9 @@
  * in S steps. (SmolLM2's 576 inputs: 2 whole groups and a tail of 2 blocks, no padding.)
  *   weight row, per group of S steps: the integers, then dw[8], m[8] (f16 where every value is exact in
  *     f16 (Q4_0, Q4_1, Q8_0: the file's own f16 scales), float32 for Q4_K ("wide"); m only in a block's
- *     first lane, 0 in the others, so that m s counts once). I4: S / 2 chunks of 32 bytes; byte 4l + i of chunk c
- *     holds lane l's weight of step 2c, byte i (low nibble) and of step 2c + 1 (high). I8: S chunks of 32
- *     bytes; byte 4l + i of chunk t: lane l's weight of step t, byte i (u = q + 128).
+ *     first lane, 0 in the others, so that m s counts once). I4: S / 2 chunks of 32 bytes; byte 4l + i
+ *     of chunk c holds lane l's weight of step 2c, byte i (low nibble) and of step 2c + 1 (high).
+ *     I8: S chunks of 32 bytes; byte 4l + i of chunk t: lane l's weight of step t, byte i (u = q + 128).
  *   activation row, per group: S steps of 32 bytes (byte 4l + i of step t: lane l's a of step t, byte i),
  *     then da[8], s[8] (float32; s of the whole block in each of its lanes), sum(a)[8] (int32, over the
  *     lane's own bytes). Lane l's byte i of step t is byte 4 S (l % L) + 4 t + i of block l / L. */
