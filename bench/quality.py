@@ -1,9 +1,9 @@
 """What the CPU weight paths cost in quality: perplexity on held-out text, and agreement with the exact path.
 
 Text (nothing downloaded): the news articles of the shipped Spec-Bench summarization prompts
-(specserve/data/spec_bench, prose) and source files of this Python's own standard library (code), cut into chunks of --tokens tokens. Each chunk
-is one prefill with logits for every position; perplexity = exp(mean negative log-likelihood of the next
-token). Variants, one model file (the default target's GGUF):
+(specserve/data/spec_bench, prose) and source files of this Python's own standard library (code), each
+document's first --tokens tokens one chunk. Each chunk is one prefill with logits for every position;
+perplexity = exp(mean negative log-likelihood of the next token). Variants, one model file (the default target's GGUF):
   dense        its weights dequantized to --dtype, torch matmuls (the reference)
   exact        GGUF blocks on the exact kernel path (SPECSERVE_INT8_DOT=0: weights expanded to float32)
   int8 dot     GGUF blocks on the integer path (the default: activations quantized to int8 per 32 inputs)
@@ -101,13 +101,14 @@ def evaluate_llama_protocol(args, models: dict, tokenizer, docs: dict) -> list[d
                 nll, count = llama_protocol_nll(model, ids, args.tokens)
                 out.append({"text": kind, "variant": name, "tokens": count, "ppl": math.exp(nll / count)})
             ppl = llama_cpp_ppl(args.llama_perplexity, str(gguf_path(args.model)), str(path), args.tokens, args.threads)
-            out.append({"text": kind, "variant": "llama.cpp (llama-perplexity, the same GGUF)", "tokens": count,
-                        "ppl": ppl})
+            out.append({"text": kind, "variant": "llama.cpp (llama-perplexity, the same GGUF)",
+                        "tokens": count, "ppl": ppl})  # its windows are ours: the same text, the same tokenizer
             print(f"{kind}: llama.cpp protocol done", flush=True)
     return out
 
 
-def evaluate(args) -> list[dict]:
+def evaluate(args) -> tuple[list[dict], list[dict]]:
+    """(rows of the chunk protocol, rows of llama.cpp's protocol: none without --llama-perplexity)."""
     from specserve.model.loader import load_model
     from specserve.model.quantize import weight_summary
     docs = texts(args.chunks)
@@ -119,8 +120,7 @@ def evaluate(args) -> list[dict]:
         tokenizer = loaded.tokenizer
         print(f"{name}: {summaries[name]}", flush=True)
     os.environ.pop("SPECSERVE_INT8_DOT")
-    if args.llama_perplexity:
-        args.llama_rows = evaluate_llama_protocol(args, models, tokenizer, docs)
+    llama_rows = evaluate_llama_protocol(args, models, tokenizer, docs) if args.llama_perplexity else []
     out = []
     for kind, documents in docs.items():
         nll = {n: 0.0 for n in models}
@@ -143,25 +143,20 @@ def evaluate(args) -> list[dict]:
         for name in models:
             out.append({"text": kind, "variant": name, "tokens": count, "ppl": math.exp(nll[name] / count),
                         "top1_agree": agree[name] / count, "kl": kl[name] / count, "weights": summaries[name]})
-    return out
+    return out, llama_rows
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| text | variant | tokens | perplexity | vs dense | top-1 agrees with dense | KL(dense ‖ variant), nats |",
-             "|---|---|---|---|---|---|---|"]
+    """Perplexity beside the dense model's on the same text; agreement and KL where the rows have them."""
+    extra = "top1_agree" in rows[0]
+    lines = ["| text | variant | tokens scored | perplexity | vs dense |"
+             + (" top-1 agrees with dense | KL(dense ‖ variant), nats |" if extra else ""),
+             "|---|---|---|---|---|" + ("---|---|" if extra else "")]
     for r in rows:
         dense = next(d for d in rows if d["text"] == r["text"] and d["variant"] == "dense")
         lines.append(f"| {r['text']} | {r['variant']} | {r['tokens']} | {r['ppl']:.3f} | "
-                     f"{100 * (r['ppl'] / dense['ppl'] - 1):+.2f}% | {100 * r['top1_agree']:.1f}% | {r['kl']:.5f} |")
-    return "\n".join(lines)
-
-
-def llama_table(rows: list[dict]) -> str:
-    lines = ["| text | scored by | tokens scored | perplexity | vs dense |", "|---|---|---|---|---|"]
-    for r in rows:
-        dense = next(d for d in rows if d["text"] == r["text"] and d["variant"] == "dense")
-        lines.append(f"| {r['text']} | {r['variant']} | {r['tokens']} | {r['ppl']:.3f} | "
-                     f"{100 * (r['ppl'] / dense['ppl'] - 1):+.2f}% |")
+                     f"{100 * (r['ppl'] / dense['ppl'] - 1):+.2f}% |"
+                     + (f" {100 * r['top1_agree']:.1f}% | {r['kl']:.5f} |" if extra else ""))
     return "\n".join(lines)
 
 
@@ -176,23 +171,21 @@ def main() -> None:
     p.add_argument("--windows", type=int, default=16, help="windows per text kind in llama.cpp's protocol")
     p.add_argument("--label", default=None)
     args = p.parse_args()
-    args.llama_rows = []
     torch.set_num_threads(args.threads)
     label = args.label or f"{datetime.date.today()}-{args.dtype}"
-    rows = evaluate(args)
+    rows, llama_rows = evaluate(args)
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())
     md = (f"# Quality of the weight paths ({label})\n\n`python bench/quality.py {' '.join(os.sys.argv[1:])}`: "
           f"{args.model}, {args.dtype} activations, {cpu}, torch {torch.__version__}.\n\n{table(rows)}\n\n"
           "Weights: " + "; ".join(dict.fromkeys(f"{r['variant']}: {r['weights']}" for r in rows)) + "\n")
-    if args.llama_rows:
+    if llama_rows:
         md += (f"\n## llama.cpp's protocol (windows of {args.tokens} tokens over the joined documents, second "
-               f"halves scored)\n\n{llama_table(args.llama_rows)}\n")
+               f"halves scored)\n\n{table(llama_rows)}\n")
     print(md)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{label}.json").write_text(json.dumps({"args": {k: v for k, v in vars(args).items() if k != "llama_rows"},
-                                                       "cpu": cpu, "rows": rows, "llama_protocol": args.llama_rows},
-                                                      indent=1))
+    (RESULTS / f"{label}.json").write_text(json.dumps({"args": vars(args), "cpu": cpu, "rows": rows,
+                                                       "llama_protocol": llama_rows}, indent=1))
     (RESULTS / f"{label}.md").write_text(md)
     print(f"wrote {RESULTS / label}.md and .json")
 

@@ -75,7 +75,7 @@ class Scheduler:
     def schedule(self, policy=None) -> StepPlan:
         plan = StepPlan()
         budget = self._schedule_decodes(plan)
-        if policy is not None and getattr(policy, "may_draft", True) and plan.decodes:
+        if policy is not None and policy.may_draft and plan.decodes:
             budget -= self._schedule_drafts(plan, policy, budget)
         self._schedule_prefills(plan, budget)
         return plan

@@ -117,7 +117,7 @@ class KernelLinear(nn.Module):
         if fmt in ("f32", "bf16"):
             self.padded = -(-in_features // PAD) * PAD
         elif fmt in kernels.INT8_FORMATS:
-            self.padded = kernels.int8_padded(in_features)
+            self.padded = kernels.int8_layout(fmt, in_features)[0]
         self.bias_f32 = None if bias is None else bias.detach().float().contiguous()
         self.interleaved = interleaved  # rows (and bias) in gate/up pairs: `swiglu` works, see forward
         # The kernel's leading arguments, for callers that go straight to C (cpu_forward.py).

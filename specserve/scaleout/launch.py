@@ -28,7 +28,7 @@ def free_port(host: str, port: int) -> int:
     it itself, a moment later, while its own processes bind ports the kernel hands out (port 0, the
     ephemeral range) and its workers take 10002-19999: so a port for 0 comes from between the two, where
     none of Ray's can take it in between (one from the ephemeral range once lost that race in CI)."""
-    candidates = [port] if port else random.Random().sample(range(20000, _ephemeral_start()), 64) + [0]
+    candidates = [port] if port else random.sample(range(20000, _ephemeral_start()), 64) + [0]
     for candidate in candidates:
         try:
             with socket.socket(socket.getaddrinfo(host, candidate, type=socket.SOCK_STREAM)[0][0]) as s:

@@ -25,6 +25,8 @@ def running(sched, s):
 
 class Asks:
     """A policy that asks for fixed lengths (the clamps are the scheduler's business)."""
+    may_draft = True
+
     def __init__(self, *lengths):
         self.lengths = list(lengths)
 

@@ -29,10 +29,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 WIDTHS = [(fmt, k) for fmt in FORMATS for k in ([512] if fmt == "q4_k" else [96, 160, 576])]
 
 
-def k_for(fmt: str) -> int:
-    return 512 if fmt == "q4_k" else 96  # 96: a group of 8 blocks padded with 5 zero blocks
-
-
 def quantization_bound(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
     """[rows, n]: the activations' rounding, sum over blocks of da/2 * sum|w|, plus float32 rounding."""
     rows, k = x.shape
@@ -54,6 +50,7 @@ def test_repacked_weights_are_gguf_py_values_bit_for_bit(fmt, k):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_within_the_activations_quantization_error(fmt, k, dtype):
     lin, w, b = make(fmt, 45, k, bias=True, int8_dot=True)
+    exact_path = make(fmt, 45, k, bias=True)[0]
     for rows in (1, 2, 5, 8, 9, 17, 50, 97):  # tiles of 8 (4 without AVX-512) rows, blocks of 48 rows
         x = (torch.randn(rows, k) * torch.rand(rows, 1) * 4).to(dtype)
         with torch.no_grad():
@@ -65,13 +62,13 @@ def test_within_the_activations_quantization_error(fmt, k, dtype):
         err = (got.double() - exact).abs()
         assert (err <= bound).all(), f"rows {rows}: max excess {(err - bound).max().item()}"
         # and it is not the exact path: the int8 rounding shows
-        assert not torch.equal(got, make(fmt, 45, k, bias=True)[0](x))
+        assert not torch.equal(got, exact_path(x))
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_row_gets_the_same_bits_whatever_rows_come_with_it(fmt, dtype):
-    k = k_for(fmt)
+    k = 512 if fmt == "q4_k" else 96  # 96: a tail group of 3 blocks (and one zero block)
     lin, _, _ = make(fmt, 37, k, bias=True, int8_dot=True)
     torch.manual_seed(1)
     x = torch.randn(100, k).to(dtype)
@@ -102,7 +99,7 @@ def test_add_into_and_swiglu_round_as_torch_does(fmt, dtype):
 
 
 def test_scales_beyond_the_f16_layout_keep_the_exact_path():
-    """Q8_0 stores -128 d beside d as f16: a block scale of 1000 overflows it, so that matrix stays exact."""
+    """Q8_0 stores -128 d beside d as f16: a block scale d above 512 overflows it, so that matrix stays exact."""
     blocks = quantize(torch.randn(4, 64) * 1e5, "q8_0")
     assert dequantize_gguf(blocks, "q8_0", 64).abs().max() > 65504  # d > 512
     lin = KernelLinear.from_gguf_blocks(blocks, "q8_0", 64, int8_dot=True)

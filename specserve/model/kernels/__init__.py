@@ -136,6 +136,7 @@ PROTOTYPES = (
     Prototype("kv_write", None, dict(
         k=c_void_p, k_stride=c_int64, v=c_void_p, v_stride=c_int64, kc=c_void_p, vc=c_void_p, slots=c_void_p,
         tokens=c_int32, Hkv=c_int32, D=c_int32, block_size=c_int32, elem_size=c_int32)),
+    Prototype("int8_layout", c_int64, dict(to=c_int32, K=c_int32, Kp=c_void_p)),
     Prototype("pack_int8_rows", c_int, dict(
         w=c_void_p, fmt=c_int32, w_row_bytes=c_int64, N=c_int32, K=c_int32, Kp=c_int32, to=c_int32, out=c_void_p,
         out_row_bytes=c_int64, num_threads=c_int32)),
@@ -301,18 +302,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, fmt: str, in_features: int, pa
     return out
 
 
-def int8_padded(in_features: int) -> int:
-    """The inputs an integer-dot row covers (int8_dot.h's int8_padded): a tail of 1-2 blocks of 32 padded
-    to 2, 3-4 to 4, 5-7 to a whole group of 8."""
-    tail = in_features // 32 % 8
-    return in_features + 32 * ((0 if tail == 0 else 2 if tail <= 2 else 4 if tail <= 4 else 8) - tail)
-
-
-def int8_row_bytes(kernel_fmt: str, padded: int) -> int:
-    """Bytes of one row of an integer-dot format of `padded` inputs (int8_dot.h's int8_w_bytes)."""
-    per_step, scales = (32 if kernel_fmt == "i8" else 16), (64 if kernel_fmt == "i4w" else 32)
-    tail = padded % 256 // 32
-    return padded // 256 * (per_step * 8 + scales) + (per_step * tail + scales if tail else 0)
+def int8_layout(kernel_fmt: str, in_features: int) -> tuple[int, int]:
+    """(inputs a row covers, bytes of a row) of an integer-dot format (int8_dot.h's layout: a tail of 1-2
+    blocks of 32 padded to 2, 3-4 to 4, 5-7 to a whole group of 8)."""
+    padded = ctypes.c_int32()
+    nbytes = function("int8_layout")(WEIGHT_FORMATS[kernel_fmt], in_features, ctypes.addressof(padded))
+    return padded.value, nbytes
 
 
 def pack_int8(blocks: torch.Tensor, fmt: str, in_features: int) -> tuple[torch.Tensor, str] | None:
@@ -320,9 +315,9 @@ def pack_int8(blocks: torch.Tensor, fmt: str, in_features: int) -> tuple[torch.T
     "i8" from Q8_0, "i4w" from Q4_K, "i4" from Q4_0/Q4_1); None if a scale does not fit its f16 layout
     (a Q4_0 or Q8_0 scale beyond f16's range once multiplied by -8 or -128)."""
     kernel_fmt = {"q8_0": "i8", "q4_k": "i4w"}.get(fmt, "i4")
-    padded = int8_padded(in_features)
+    padded, row_bytes = int8_layout(kernel_fmt, in_features)
     blocks = blocks.contiguous()
-    out = torch.empty(blocks.shape[0], int8_row_bytes(kernel_fmt, padded), dtype=torch.uint8)
+    out = torch.empty(blocks.shape[0], row_bytes, dtype=torch.uint8)
     misfits = function("pack_int8_rows")(
         blocks.data_ptr(), WEIGHT_FORMATS[fmt], blocks.stride(0), blocks.shape[0], in_features, padded,
         WEIGHT_FORMATS[kernel_fmt], out.data_ptr(), out.stride(0), torch.get_num_threads())

@@ -57,9 +57,12 @@ static inline float scale_at(int kind, const uint8_t *p, int l) {
     return kind & 2 ? ((const float *)p)[l] : f16_to_f32(read_u16(p + 2 * l));
 }
 static inline int x_group_bytes(int S) { return 32 * S + 96; }
+/* Bytes of a row of Kp inputs whose whole groups take `whole` bytes and whose tail group (if any) `tail`. */
+static inline int64_t row_bytes(int Kp, int whole, int tail) {
+    return (int64_t)(Kp / GROUP_IN) * whole + (Kp % GROUP_IN ? tail : 0);
+}
 static inline int64_t int8_w_bytes(int kind, int Kp) {
-    const int tail = (Kp % GROUP_IN) / 32;
-    return (int64_t)(Kp / GROUP_IN) * w_group_bytes(kind, 8) + (tail ? w_group_bytes(kind, tail) : 0);
+    return row_bytes(Kp, w_group_bytes(kind, 8), w_group_bytes(kind, (Kp % GROUP_IN) / 32));
 }
 /* Lane l's byte i of step t in a group of S steps: byte 4 S (l % L) + 4 t + i of the group's block l / L. */
 static inline int lane_byte(int S, int l, int t, int i) {
@@ -91,7 +94,7 @@ static inline int lane_byte(int S, int l, int t, int i) {
 #endif
 
 static inline int64_t int8_x_bytes(int Kp) {
-    return (int64_t)(Kp / GROUP_IN) * x_group_bytes(8) + (Kp % GROUP_IN ? x_group_bytes((Kp % GROUP_IN) / 32) : 0);
+    return row_bytes(Kp, x_group_bytes(8), x_group_bytes((Kp % GROUP_IN) / 32));
 }
 
 /* ---- activations: one float32 row (Kp values, zero past K) -> its quantized row ---- */

@@ -460,6 +460,12 @@ void dequantize_rows(const uint8_t *w, int32_t fmt, int64_t w_row_bytes, int32_t
     for (int n = 0; n < N; n++) expand_row(fmt, w + (int64_t)n * w_row_bytes, K, out + (int64_t)n * K, NULL);
 }
 
+/* The inputs Kp that a row of K inputs covers in format `to` (FMT_I4, FMT_I8 or FMT_I4_WIDE), and its bytes. */
+int64_t int8_layout(int32_t to, int32_t K, int32_t *Kp) {
+    *Kp = int8_padded(K);
+    return int8_w_bytes(to - FMT_I4, *Kp);
+}
+
 /* GGUF rows (fmt FMT_Q8_0 .. FMT_Q4_K, K inputs) -> rows of Kp inputs in format `to` (FMT_I4, FMT_I8 or
  * FMT_I4_WIDE). Returns how many rows have a scale that the format's f16 scales cannot hold (0: all fit). */
 int pack_int8_rows(const uint8_t *w, int32_t fmt, int64_t w_row_bytes, int32_t N, int32_t K, int32_t Kp, int32_t to,
