@@ -3,7 +3,8 @@ against those of `kernels.linear` on SmolLM2-135M's matrices.
 
 Part 1 compiles (cc -O2 -march=native) and runs a loop of 12 independent accumulators, one core:
 `vpdpbusd` on ymm and zmm (AVX-512 VNNI: 32 / 64 int8 multiply-adds each; skipped without it). Part 2
-times `kernels.linear` (weights hot in cache: an upper bound for a forward) on random Q4_1 matrices (Q8_0 for the LM head), bf16 input, on both paths.
+times `kernels.linear` (weights hot in cache: an upper bound for a forward) on random Q4_1 matrices
+(Q8_0 for the LM head), bf16 input, on both paths.
 
     python bench/cpu_peak.py [--threads 1] [--rows 1,8,32,128]
 
