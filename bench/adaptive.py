@@ -15,9 +15,10 @@ speculation (no draft loaded): the floor the default must not go below (`off` ke
     python bench/adaptive.py --slo-tpot-ms 60 --levels 0.2,0.5,0.9   # ~35 min: + TPOT-objective attainment
     python bench/adaptive.py --analyze bench/results/adaptive/<run>      # tables, goals and plots again
 
-Per workload (and temperature): one engine (SmolLM2-135M, the workload's draft, prompt lookup first, a
-draft-length ceiling of 6) whose policy is switched between runs, so every policy meets the same weights,
-cache and threads. Plain decoding's saturation rate is measured first (a burst of requests). Then rounds:
+Per workload (and temperature): one engine (SmolLM2-135M, the workload's draft, prompt lookup first, the
+server default's draft-length ceiling of 4) whose policy is switched between runs, so every policy meets the
+same weights, cache and threads; `adaptive_q8` runs on a second such engine whose drafts are quantized to
+q8_0 at load. Plain decoding's saturation rate is measured first (a burst of requests). Then rounds:
 each round runs every (policy, level) once in a shuffled order, so a machine whose speed drifts spreads
 the drift over all of them; --repeats rounds. A run replays --requests arrivals of the Azure trace, its
 clock scaled to the level's rate, in real time, and measures each request's E2E, TTFT and TPOT on the
@@ -39,7 +40,7 @@ import numpy as np
 
 OUT = Path(__file__).parent / "results" / "adaptive"
 LATENCY_MODEL = Path(__file__).parent / "results" / "latency20" / "model.json"
-CEILING = 6
+CEILING = 4  # the server default's (spec_decode/config.py DEFAULT_SPECULATIVE)
 # label -> (policy, draft-length ceiling, policy options)
 POLICIES = {
     "none": (None, 0, None),  # an engine without speculation
@@ -50,7 +51,9 @@ POLICIES = {
     "goodput": ("goodput", CEILING, None),
     "adaptive": ("adaptive", CEILING, None),
     "planned": ("planned", CEILING, {"model": str(LATENCY_MODEL)}),
+    "adaptive_q8": ("adaptive", CEILING, None),  # on an engine whose drafts are quantized to q8_0 at load
 }
+DRAFT_Q8 = "_q8"  # a label ending so runs on the engine with q8_0 drafts
 STATIC = ["none", "off", "static1", "static2", "static3", "static4", "static6"]
 WORKLOADS = {  # dataset, draft, prompt tokens, output tokens (at most: EOS ends a request earlier)
     "code": ("python-stdlib", "code", 256, 64),
@@ -64,11 +67,12 @@ LEVELS = [0.2, 0.35, 0.5, 0.65, 0.8, 0.9]
 DEFAULT_POLICIES = ["off", "static2", "static4", "adaptive"]
 
 
-def build_engine(workload: str, threads: int, plain: bool = False):
+def build_engine(workload: str, threads: int, plain: bool = False, draft_quantization: str | None = None):
     """The workload's speculating engine, or with `plain` one that has no speculation at all."""
     from specserve import LLM
     dataset, draft, _, _ = WORKLOADS[workload]
-    spec = None if plain else {"model": draft, "num_speculative_tokens": CEILING, "ngram_first": True}
+    spec = None if plain else {"model": draft, "num_speculative_tokens": CEILING, "ngram_first": True,
+                               "quantization": draft_quantization}
     llm = LLM(model="smollm2-135m", num_threads=threads, max_num_seqs=64, max_num_batched_tokens=512,
               speculative_config=spec)
     llm.engine.models.profile()  # before any request: the adaptive and goodput policies read it
@@ -81,7 +85,8 @@ def use_policy(engines: dict, label: str):
     if label == "none":
         return engines["none"]
     from specserve.spec_decode.acceptance_model import AcceptanceModel
-    engine = engines["spec"].engine
+    llm = engines[engine_key(label)]
+    engine = llm.engine
     name, k, options = POLICIES[label]
     # Each policy keeps what it learned of acceptance as a server running it would, and learns it from its
     # own runs only: static k=4's outcomes must not tell the adaptive policy what to expect. The step cost
@@ -90,7 +95,18 @@ def use_policy(engines: dict, label: str):
     engine.models.acceptance = learned.setdefault(label, AcceptanceModel(engine.models.acceptance.max_positions))
     engine.policy = engine.executor.policy = make_policy(name, k, options, engine.models)
     engine.scheduler.max_drafts = k
-    return engines["spec"]
+    return llm
+
+
+def engine_key(label: str) -> str:
+    return "none" if label == "none" else "spec_q8" if label.endswith(DRAFT_Q8) else "spec"
+
+
+def build_engines(workload: str, threads: int, labels) -> dict:
+    """The engines the policies `labels` run on; `none` (plain decoding) always: it measures saturation."""
+    keys = {engine_key(label) for label in labels} | {"none"}
+    return {key: build_engine(workload, threads, plain=key == "none",
+                              draft_quantization="q8_0" if key == "spec_q8" else None) for key in sorted(keys)}
 
 
 def prompts_and_arrivals(llm, workload: str, rate: float | None, n: int, seed: int):
@@ -209,12 +225,11 @@ def run(args) -> Path:
         "command": "python bench/adaptive.py " + " ".join(sys.argv[1:]), "started": datetime.datetime.now().isoformat(
             timespec="seconds"), "commit": _commit()}, indent=1))
     for workload in args.workloads.split(","):
-        engines = {"spec": build_engine(workload, args.threads),
-                   "none": build_engine(workload, args.threads, plain=True)}  # plain decoding: saturation, `none`
+        policies = list(POLICIES) if args.policies == "all" else args.policies.split(",")
+        engines = build_engines(workload, args.threads, policies)
         sat = saturation(engines, workload, args.saturation_requests)
         print(f"{workload}: plain decoding saturates at {sat:.3f} req/s", flush=True)
         for temperature in map(float, args.temperatures.split(",")):
-            policies = list(POLICIES) if args.policies == "all" else args.policies.split(",")
             cells = [(p, lv) for p in policies for lv in map(float, args.levels.split(","))]
             for repeat in range(args.repeats):
                 random.Random(f"{workload}{temperature}{repeat}").shuffle(cells)
@@ -276,8 +291,9 @@ def table(rows, title, key="mean_e2e") -> list[str]:
         cells = [cell(rows, p, lv, key) for lv in levels]
         out.append(f"| {p} | " + " | ".join("–" if c is None else f"{c[0]:.2f} [{c[1]:.2f}–{c[2]:.2f}]"
                                             for c in cells) + " |")
-    out.append("| adaptive: mean draft length | " + " | ".join(
-        f"{(cell(rows, 'adaptive', lv, 'mean_draft_length') or (float('nan'),))[0]:.2f}" for lv in levels) + " |")
+    for p in (p for p in ("adaptive", "adaptive_q8") if p in policies):
+        out.append(f"| {p}: mean draft length | " + " | ".join(
+            f"{(cell(rows, p, lv, 'mean_draft_length') or (float('nan'),))[0]:.2f}" for lv in levels) + " |")
     out += ["", *goals(rows, levels, key), "", *attainment(rows, policies, levels)]
     return out
 
@@ -366,6 +382,10 @@ def goals(rows, levels, key="mean_e2e") -> list[str]:
         if "off" in have:
             out.append("off (drafts loaded, nothing drafted) / none per level: " + ", ".join(
                 fmt(ratio("off", "none", lv)) for lv in levels))
+        if "adaptive_q8" in {r["policy"] for r in rows}:
+            out.append("q8_0 drafts: adaptive_q8 / none per level: " + ", ".join(
+                fmt(ratio("adaptive_q8", "none", lv)) for lv in levels) + "; adaptive_q8 / adaptive: " + ", ".join(
+                fmt(ratio("adaptive_q8", "adaptive", lv)) for lv in levels))
         wins = sum(r[0] <= 0.90 for r in over_single)
         out.append(f"win on the mix: adaptive / {single} (best single fixed choice) per level: "
                    + ", ".join(fmt(r) for r in over_single) + f" (goal ≤ 0.90 at ≥ 2 levels and ≤ 1.00 at all: "

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from adaptive import (_commit, build_engine, prompts_and_arrivals, replay, sampling, saturation,  # noqa: E402
+from adaptive import (_commit, build_engines, prompts_and_arrivals, replay, sampling, saturation,  # noqa: E402
                       use_policy)
 
 OUT = Path(__file__).parent / "results" / "adaptive_steps"
@@ -102,7 +102,7 @@ def main() -> None:
     (out / "meta.json").write_text(json.dumps({"command": "python bench/adaptive_steps.py " + " ".join(sys.argv[1:]),
                                                "commit": _commit(), "started": datetime.datetime.now().isoformat(
                                                    timespec="seconds")}, indent=1))
-    engines = {"spec": build_engine("mix", args.threads), "none": build_engine("mix", args.threads, plain=True)}
+    engines = build_engines("mix", args.threads, args.policies.split(","))
     sat = saturation(engines, "mix", 16)
     print(f"plain decoding saturates at {sat:.3f} req/s", flush=True)
     rows = []
