@@ -11,7 +11,9 @@ from specserve.errors import ModelLoadError
 from specserve.model.config import ModelConfig
 
 # Dequantized at load (gguf-py); Q8_0, Q4_0, Q4_1 and Q4_K can also stay quantized (model/quantize.py).
-SUPPORTED_QUANTS = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K"}
+# Q6_K (the attn_v / ffn_down / output matrices of llama.cpp's _M mixes) loads dense: those matrices, and the
+# fused groups they belong to, run as float matrices beside the quantized rest.
+SUPPORTED_QUANTS = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"}
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 
 # GGUF tensor name (per block: after "blk.N.") -> HF name (after "model.layers.N.").

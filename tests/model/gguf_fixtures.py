@@ -13,7 +13,7 @@ def _permute(w, n_heads):
 def write_gguf(path, hf_state_dict, cfg, qtype="Q8_0", arch="llama"):
     """cfg: dict with hidden, ffn, layers, heads, kv_heads. Returns the dequantized HF state dict that a
     correct loader must reproduce."""
-    qt = GGMLQuantizationType[qtype]
+    qt = GGMLQuantizationType["Q4_K" if qtype == "Q4_K_M" else qtype]  # Q4_K_M: Q4_K with some Q6_K matrices
     w = GGUFWriter(str(path), arch)
     w.add_block_count(cfg["layers"])
     w.add_context_length(256)
@@ -55,9 +55,13 @@ def write_gguf(path, hf_state_dict, cfg, qtype="Q8_0", arch="llama"):
             stored = _permute(a, cfg["heads"])
         elif "k_proj" in name:
             stored = _permute(a, cfg["kv_heads"])
-        q = random_q4_k(stored.shape) if qtype == "Q4_K" else quants.quantize(stored, qt)
-        w.add_tensor(gname, q, raw_dtype=qt)
-        deq = quants.dequantize(q, qt).reshape(a.shape)
+        tq = qt
+        if qtype == "Q4_K_M" and (gname.endswith(("attn_v.weight", "ffn_down.weight")) or gname == "output.weight"):
+            tq = GGMLQuantizationType.Q6_K  # as llama.cpp's _M mixes do
+        q = random_q6_k(stored.shape) if tq == GGMLQuantizationType.Q6_K else \
+            random_q4_k(stored.shape) if tq == GGMLQuantizationType.Q4_K else quants.quantize(stored, tq)
+        w.add_tensor(gname, q, raw_dtype=tq)
+        deq = quants.dequantize(q, tq).reshape(a.shape)
         if "q_proj" in name:  # what the loader must give back: the un-permuted dequantized matrix
             deq = _permute_back(deq, cfg["heads"])
         elif "k_proj" in name:
@@ -80,6 +84,17 @@ def random_q4_k(shape, seed=0):
     b[..., 0:4] = np.frombuffer(rng.uniform(1e-3, 0.02, rows * blocks * 2).astype(np.float16).tobytes(),
                                 np.uint8).reshape(rows, blocks, 4)
     return b.reshape(rows, blocks * 144)
+
+
+def random_q6_k(shape, seed=0):
+    """Q6_K blocks (ql[128], qh[64], int8 scales[16], f16 d: 210 bytes a 256 inputs), random like
+    random_q4_k's: gguf-py cannot quantize to Q6_K either."""
+    rng = np.random.default_rng(seed + 7 * shape[0])
+    rows, blocks = shape[0], shape[1] // 256
+    b = rng.integers(0, 256, size=(rows, blocks, 210), dtype=np.uint8)
+    b[..., 208:210] = np.frombuffer(rng.uniform(1e-5, 1e-4, rows * blocks).astype(np.float16).tobytes(),
+                                    np.uint8).reshape(rows, blocks, 2)
+    return b.reshape(rows, blocks * 210)
 
 
 def _permute_back(w, n_heads):

@@ -22,7 +22,7 @@ WIDE = dict(hidden=256, ffn=512, layers=2, heads=4, kv_heads=2)  # Q4_K blocks h
 
 
 def write_model(tmp_path, qtype):
-    cfg = WIDE if qtype == "Q4_K" else SMALL
+    cfg = WIDE if qtype.startswith("Q4_K") else SMALL
     torch.manual_seed(0)
     hf = LlamaConfig(vocab_size=VOCAB, hidden_size=cfg["hidden"], intermediate_size=cfg["ffn"],
                      num_hidden_layers=cfg["layers"], num_attention_heads=cfg["heads"],
@@ -72,6 +72,20 @@ def test_a_checkpoint_is_quantized_at_load(tiny_target, fmt, monkeypatch):
             if isinstance(m, torch.nn.Linear):
                 m.weight.copy_(dequantize_gguf(quantize(m.weight, fmt), fmt, m.in_features))
     assert close(logits(quant.model), logits(dense.model))
+
+
+@needs_kernel
+def test_a_q4_k_m_file_loads_its_q6_k_matrices_dense_beside_the_quantized_rest(tmp_path, monkeypatch):
+    """llama.cpp's _M mixes store attn_v, ffn_down and the output matrix as Q6_K: those load dense (with
+    the q/k/v group they belong to), every other matrix stays Q4_K, and the model computes the same function."""
+    monkeypatch.setenv("SPECSERVE_INT8_DOT", "0")
+    path = write_model(tmp_path, "Q4_K_M")
+    dense, native = load_model(path), load_model(path, quantization="gguf")
+    layer = native.model.layers[0]
+    assert [isinstance(m, KernelLinear) for m in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj,
+                                                  layer.down_proj, native.model.lm_head)] == [False, True, True, False, False]
+    assert formats(native.model) == ["q4_k"]
+    assert close(logits(native.model), logits(dense.model))
 
 
 @needs_kernel
