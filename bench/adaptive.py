@@ -157,7 +157,7 @@ def replay(llm, texts, times, params, streams, on_step=None) -> dict:
     # empty prefix cache, so that only its own requests share prefixes (the chat template's system prompt).
     engine.reset_prefix_cache()
     start, i, n, done = time.monotonic(), 0, len(texts), {}
-    lengths, steps, predicted, measured = [], 0, [], []
+    lengths, steps, predicted, measured, busy = [], 0, [], [], 0.0
     prefill_s = prefill_tokens = 0.0  # prefill-only steps: the same work under every policy, so a speed gauge
     while len(done) < n:
         now = time.monotonic() - start
@@ -167,7 +167,9 @@ def replay(llm, texts, times, params, streams, on_step=None) -> dict:
         if not engine.has_unfinished():
             time.sleep(max(0.0, min(times[i] - now, 0.05)))
             continue
+        t0 = time.perf_counter()
         outs = engine.step()
+        busy += time.perf_counter() - t0
         for out in outs:
             if out.finished:
                 done[out.request_id] = out
@@ -196,7 +198,7 @@ def replay(llm, texts, times, params, streams, on_step=None) -> dict:
     return {"n": n, "mean_e2e": float(np.mean(e2e)), **per_stream, "p99_e2e": float(np.percentile(e2e, 99)),
             "mean_ttft": float(np.mean(ttft)), "mean_tpot": float(np.mean(tpot)) if tpot else None,
             "tpot_attainment": float(np.mean([t <= slo[0] for t in tpot])) if slo and tpot else None,
-            "output_tokens": tokens, "wall_s": time.monotonic() - start, "steps": steps,
+            "output_tokens": tokens, "wall_s": time.monotonic() - start, "busy_s": busy, "steps": steps,
             "mean_draft_length": float(np.mean(lengths)) if lengths else 0.0,
             "prefill_ms_per_token": 1e3 * prefill_s / prefill_tokens if prefill_tokens else None,
             "step_time_error": float(np.mean(np.abs(np.array(predicted) - measured) / np.array(measured)))
@@ -221,17 +223,27 @@ def run(args) -> Path:
     out = Path(args.out or OUT / datetime.datetime.now().strftime("%Y-%m-%d-%H%M"))
     out.mkdir(parents=True, exist_ok=True)
     log = (out / "runs.jsonl").open("a")
-    (out / "meta.json").write_text(json.dumps({
-        "command": "python bench/adaptive.py " + " ".join(sys.argv[1:]), "started": datetime.datetime.now().isoformat(
-            timespec="seconds"), "commit": _commit()}, indent=1))
+    if args.first_repeat and (out / "meta.json").exists():  # more rounds of an earlier run: its command stays
+        meta = json.loads((out / "meta.json").read_text())
+        meta.setdefault("more", []).append({"command": "python bench/adaptive.py " + " ".join(sys.argv[1:]),
+                                            "started": datetime.datetime.now().isoformat(timespec="seconds"),
+                                            "commit": _commit()})
+        (out / "meta.json").write_text(json.dumps(meta, indent=1))
+    else:
+        (out / "meta.json").write_text(json.dumps({
+            "command": "python bench/adaptive.py " + " ".join(sys.argv[1:]),
+            "started": datetime.datetime.now().isoformat(timespec="seconds"), "commit": _commit()}, indent=1))
     for workload in args.workloads.split(","):
         policies = list(POLICIES) if args.policies == "all" else args.policies.split(",")
         engines = build_engines(workload, args.threads, policies)
-        sat = saturation(engines, workload, args.saturation_requests)
+        earlier = [json.loads(line)["saturation"] for line in (out / "runs.jsonl").read_text().splitlines()
+                   if json.loads(line)["workload"] == workload] if args.first_repeat else []
+        # more rounds run at the rates of the earlier ones: the saturation they measured
+        sat = earlier[0] if earlier else saturation(engines, workload, args.saturation_requests)
         print(f"{workload}: plain decoding saturates at {sat:.3f} req/s", flush=True)
         for temperature in map(float, args.temperatures.split(",")):
             cells = [(p, lv) for p in policies for lv in map(float, args.levels.split(","))]
-            for repeat in range(args.repeats):
+            for repeat in range(args.first_repeat, args.first_repeat + args.repeats):
                 random.Random(f"{workload}{temperature}{repeat}").shuffle(cells)
                 for policy, level in cells:
                     llm = use_policy(engines, policy)
@@ -265,13 +277,17 @@ def analyze(out: Path) -> None:
     lines = [f"# Adaptive speculation vs fixed policies\n\n`{meta.get('command', 'python bench/adaptive.py')}` → "
              f"`runs.jsonl` ({meta.get('started', '?')}, commit {meta.get('commit', '?')}); medians over repeats "
              "(min–max in brackets), mean E2E in seconds.\n"]
+    for more in meta.get("more", []):
+        lines[-1] += f"\nMore rounds: `{more['command']}` ({more['started']}, commit {more['commit']}).\n"
+    if len({r["repeat"] for r in rows}) > len({r["repeat"] for r in every_policy(rows)}):
+        lines[-1] += ("\nTables and plots: the rounds every policy ran; paired ratios: every round the pair ran.\n")
     for workload in sorted({r["workload"] for r in rows}):
         for temperature in sorted({r["temperature"] for r in rows if r["workload"] == workload}):
             mine = [r for r in rows if r["workload"] == workload and r["temperature"] == temperature]
             for key in ["mean_e2e"] + [f"mean_e2e_{w}" for w in STREAMS if f"mean_e2e_{w}" in mine[0]]:
                 part = "" if key == "mean_e2e" else f", {key[9:]} stream"
                 lines += table(mine, f"{workload}{part}, temperature {temperature}", key)
-            plot(mine, out / f"{workload}_t{temperature}.png", f"{workload}, T = {temperature}")
+            plot(every_policy(mine), out / f"{workload}_t{temperature}.png", f"{workload}, T = {temperature}")
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
@@ -281,19 +297,27 @@ def cell(rows, policy, level, key="mean_e2e"):
     return (statistics.median(values), min(values), max(values)) if values else None
 
 
+def every_policy(rows) -> list:
+    """The rounds every policy ran (--first-repeat appends rounds of fewer policies): the absolute tables
+    and plots compare policies on the same rounds; the paired ratios use every round a pair ran."""
+    rounds = set.intersection(*({r["repeat"] for r in rows if r["policy"] == p} for p in {r["policy"] for r in rows}))
+    return [r for r in rows if r["repeat"] in rounds]
+
+
 def table(rows, title, key="mean_e2e") -> list[str]:
     policies = [p for p in POLICIES if any(r["policy"] == p for r in rows)]
     levels = sorted({r["level"] for r in rows})
     rates = {lv: statistics.median(r["rate"] for r in rows if r["level"] == lv) for lv in levels}
     out = [f"## {title}\n", "| policy | " + " | ".join(f"{lv:.0%} ({rates[lv]:.2f}/s)" for lv in levels) + " |",
            "|---|" + "---|" * len(levels)]
+    full = every_policy(rows)
     for p in policies:
-        cells = [cell(rows, p, lv, key) for lv in levels]
+        cells = [cell(full, p, lv, key) for lv in levels]
         out.append(f"| {p} | " + " | ".join("–" if c is None else f"{c[0]:.2f} [{c[1]:.2f}–{c[2]:.2f}]"
                                             for c in cells) + " |")
     for p in (p for p in ("adaptive", "adaptive_q8") if p in policies):
         out.append(f"| {p}: mean draft length | " + " | ".join(
-            f"{(cell(rows, p, lv, 'mean_draft_length') or (float('nan'),))[0]:.2f}" for lv in levels) + " |")
+            f"{(cell(full, p, lv, 'mean_draft_length') or (float('nan'),))[0]:.2f}" for lv in levels) + " |")
     out += ["", *goals(rows, levels, key), "", *attainment(rows, policies, levels)]
     return out
 
@@ -336,6 +360,8 @@ def paired(rows, policy, other, level, key="mean_e2e", speed=False) -> list[floa
     mine, theirs = of(policy), of(other)
     out = []
     for k in sorted(mine.keys() & theirs.keys()):
+        if mine[k].get(key) is None or theirs[k].get(key) is None:  # (rounds recorded before the key existed)
+            continue
         ratio = mine[k][key] / theirs[k][key]
         if speed:
             gauges = mine[k].get("prefill_ms_per_token"), theirs[k].get("prefill_ms_per_token")
@@ -349,7 +375,8 @@ def paired(rows, policy, other, level, key="mean_e2e", speed=False) -> list[floa
 def goals(rows, levels, key="mean_e2e") -> list[str]:
     """The goals of the adaptive issues for this workload. The best static choice is picked by median E2E;
     adaptive is compared with it by the median of the paired (same-round) ratios, min-max in brackets."""
-    have = [p for p in STATIC if all(cell(rows, p, lv, key) for lv in levels)]
+    full = every_policy(rows)  # the best static choice is picked on the rounds every policy ran
+    have = [p for p in STATIC if all(cell(full, p, lv, key) for lv in levels)]
     if "adaptive" not in {r["policy"] for r in rows} or not have:
         return []
 
@@ -360,9 +387,9 @@ def goals(rows, levels, key="mean_e2e") -> list[str]:
     def fmt(r):
         return f"{r[0]:.3f} [{r[1]:.2f}–{r[2]:.2f}]"
 
-    best_each = [min(have, key=lambda p: cell(rows, p, lv, key)[0]) for lv in levels]
+    best_each = [min(have, key=lambda p: cell(full, p, lv, key)[0]) for lv in levels]
     each = [ratio("adaptive", p, lv) for p, lv in zip(best_each, levels)]
-    single = min(have, key=lambda p: np.mean(np.log([cell(rows, p, lv, key)[0] for lv in levels])))
+    single = min(have, key=lambda p: np.mean(np.log([cell(full, p, lv, key)[0] for lv in levels])))
     geo = float(np.exp(-np.mean(np.log([ratio("adaptive", single, lv)[0] for lv in levels]))))
     out = ["Paired ratios (adaptive's mean E2E over the other policy's in the same round), median [min–max] over rounds:",
            "", "1. adaptive / best static at each level (" + ", ".join(best_each) + "): "
@@ -382,6 +409,14 @@ def goals(rows, levels, key="mean_e2e") -> list[str]:
         if "off" in have:
             out.append("off (drafts loaded, nothing drafted) / none per level: " + ", ".join(
                 fmt(ratio("off", "none", lv)) for lv in levels))
+        busy = {p: [paired(rows, p, "none", lv, "busy_s") for lv in levels] for p in ("adaptive", "off")
+                if p in {r["policy"] for r in rows}}
+        if key == "mean_e2e" and busy and all(all(values) for values in busy.values()):
+            # the engine's time inside step(): the work itself, without the queueing that mean E2E amplifies
+            # (greedy runs commit the same tokens under every policy: the same work done faster or slower)
+            out.append("engine busy time over none's (rounds that recorded it): " + "; ".join(
+                f"{p} " + ", ".join(fmt((statistics.median(v), min(v), max(v))) for v in values)
+                for p, values in busy.items()))
         if "adaptive_q8" in {r["policy"] for r in rows}:
             out.append("q8_0 drafts: adaptive_q8 / none per level: " + ", ".join(
                 fmt(ratio("adaptive_q8", "none", lv)) for lv in levels) + "; adaptive_q8 / adaptive: " + ", ".join(
@@ -433,6 +468,8 @@ def main() -> None:
     ap.add_argument("--policies", default=",".join(DEFAULT_POLICIES), help=f"'all' or some of {','.join(POLICIES)}")
     ap.add_argument("--levels", default=",".join(map(str, LEVELS)))
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--first-repeat", type=int, default=0,
+                    help="the first round's number (its arrivals' window and prompts): more rounds appended to an --out")
     ap.add_argument("--requests", type=int, default=6, help="arrivals per run")
     ap.add_argument("--saturation-requests", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)

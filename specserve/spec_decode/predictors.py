@@ -21,6 +21,11 @@ class DraftingError:
     allocation charges the time drafting adds (T - T_0) times `factor`, so a bias of the model cannot make
     drafting look cheaper than it turns out.
 
+    The measured time is the forwards' and the sampling's: sampling is not in the cost model, but every
+    verify row is sampled as a decode row is (at T > 0 a softmax over the vocabulary, the draws, the
+    rejection test), so drafting adds it too; left out, a sampled workload's drafting looked cheaper than
+    it was (mixed bursty evaluation at T = 0.7, half load: engine busy time 1.05-1.43x plain decoding's).
+
     Decode-only steps only: a plain one (nothing drafted, no draft forward) measures the model's bias on
     plain steps, b = Σ measured / Σ predicted; a drafting one adds measured - b T_0 to Σ added and its
     predicted T - T_0 to Σ predicted added; factor = their ratio, exponentially forgotten, shrunk towards 1
@@ -123,7 +128,8 @@ class SpeculationModels:
                                        feedback.forward_kv, feedback.times.forward, feedback.draft_forwards,
                                        feedback.times.draft)
         if decode_only:
-            measured = feedback.times.forward + (feedback.times.draft if feedback.draft_forwards else 0.0)
+            measured = feedback.times.forward + feedback.times.sample + (
+                feedback.times.draft if feedback.draft_forwards else 0.0)
             self.drafting.observe(bool(drafted), measured, predicted, plain)
         return predicted
 
