@@ -239,7 +239,7 @@ def run(args) -> Path:
         earlier = [json.loads(line)["saturation"] for line in (out / "runs.jsonl").read_text().splitlines()
                    if json.loads(line)["workload"] == workload] if args.first_repeat else []
         # more rounds run at the rates of the earlier ones: the saturation they measured
-        sat = earlier[0] if earlier else saturation(engines, workload, args.saturation_requests)
+        sat = earlier[0] if earlier else args.saturation or saturation(engines, workload, args.saturation_requests)
         print(f"{workload}: plain decoding saturates at {sat:.3f} req/s", flush=True)
         for temperature in map(float, args.temperatures.split(",")):
             cells = [(p, lv) for p in policies for lv in map(float, args.levels.split(","))]
@@ -472,6 +472,8 @@ def main() -> None:
                     help="the first round's number (its arrivals' window and prompts): more rounds appended to an --out")
     ap.add_argument("--requests", type=int, default=6, help="arrivals per run")
     ap.add_argument("--saturation-requests", type=int, default=16)
+    ap.add_argument("--saturation", type=float, help="plain decoding's saturation rate (req/s) to use instead of "
+                    "measuring it: levels at the rates of an earlier run")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--slo-tpot-ms", type=float, default=None, help="every request's TPOT objective")
     ap.add_argument("--out")
