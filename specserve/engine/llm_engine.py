@@ -259,10 +259,15 @@ class LLMEngine:
                 stats.record(length, accepted)
             outcomes.append(DraftOutcome(s.seq.request_id, proposal.sources[i], length, accepted,
                                          result.confidences[i] if result.confidences else None))
-        if self.policy is not None and plan.view is not None:
+        asked = self.policy is not None and plan.view is not None
+        # The scheduler's TPOT admission reads the cost model too (Scheduler._tpot_budget): with objectives it
+        # learns from every step whatever the policy, rather than judge prefill chunks by the startup profile
+        # alone (a profile cached at another hour, and the machine's speed drifts)
+        if asked or (self.models.has_cost and any(s.seq.params.slo_tpot for s in plan.decodes)):
             feedback = StepFeedback(plan.view, outcomes, times, len(plan.decodes) + sum(proposal.lengths),
                                     stats.num_prefill_tokens, result.forward_kv, proposal.draft_forwards)
             stats.t_predicted = self.models.observe(feedback)
+        if asked:
             if (planned := self.policy.last_plan) is not None:
                 stats.planned_tokens, stats.planned_plain_s = planned.tokens, planned.plain_seconds
                 self.policy.last_plan = None

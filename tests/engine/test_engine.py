@@ -159,3 +159,15 @@ def test_step_cost_profile_is_cached_per_kernel_build(monkeypatch):
         monkeypatch.setattr(llm_engine.cpu_kernels, "library_id", lambda build=build: build)
         llm_engine.profile_step_costs(runner, None, config, target, [])
     assert keys[0] == keys[1] != keys[2]
+
+
+def test_tpot_objectives_keep_the_cost_model_learning_without_speculation(tiny_target, llm):
+    """The scheduler's TPOT admission reads the step cost model: with objectives (here the engine's
+    --slo-tpot-ms) it learns from the steps even with no policy to observe them; without, nothing is profiled
+    or observed (no host time spent on it)."""
+    with_slo = LLM(model=str(tiny_target), dtype="float32", slo_tpot_ms=1000)
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    with_slo.generate([[5, 6, 7], [8, 9]], params)
+    assert with_slo.engine.models.cost.observed > 0
+    llm.generate([[5, 6, 7]], params)
+    assert not llm.engine.models.has_cost
