@@ -223,23 +223,20 @@ def run(args) -> Path:
     out = Path(args.out or OUT / datetime.datetime.now().strftime("%Y-%m-%d-%H%M"))
     out.mkdir(parents=True, exist_ok=True)
     log = (out / "runs.jsonl").open("a")
+    this = {"command": "python bench/adaptive.py " + " ".join(sys.argv[1:]),
+            "started": datetime.datetime.now().isoformat(timespec="seconds"), "commit": _commit()}
+    meta = this
     if args.first_repeat and (out / "meta.json").exists():  # more rounds of an earlier run: its command stays
         meta = json.loads((out / "meta.json").read_text())
-        meta.setdefault("more", []).append({"command": "python bench/adaptive.py " + " ".join(sys.argv[1:]),
-                                            "started": datetime.datetime.now().isoformat(timespec="seconds"),
-                                            "commit": _commit()})
-        (out / "meta.json").write_text(json.dumps(meta, indent=1))
-    else:
-        (out / "meta.json").write_text(json.dumps({
-            "command": "python bench/adaptive.py " + " ".join(sys.argv[1:]),
-            "started": datetime.datetime.now().isoformat(timespec="seconds"), "commit": _commit()}, indent=1))
+        meta.setdefault("more", []).append(this)
+    (out / "meta.json").write_text(json.dumps(meta, indent=1))
+    earlier = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()] if args.first_repeat else []
     for workload in args.workloads.split(","):
         policies = list(POLICIES) if args.policies == "all" else args.policies.split(",")
         engines = build_engines(workload, args.threads, policies)
-        earlier = [json.loads(line)["saturation"] for line in (out / "runs.jsonl").read_text().splitlines()
-                   if json.loads(line)["workload"] == workload] if args.first_repeat else []
         # more rounds run at the rates of the earlier ones: the saturation they measured
-        sat = earlier[0] if earlier else args.saturation or saturation(engines, workload, args.saturation_requests)
+        measured = [r["saturation"] for r in earlier if r["workload"] == workload]
+        sat = measured[0] if measured else args.saturation or saturation(engines, workload, args.saturation_requests)
         print(f"{workload}: plain decoding saturates at {sat:.3f} req/s", flush=True)
         for temperature in map(float, args.temperatures.split(",")):
             cells = [(p, lv) for p in policies for lv in map(float, args.levels.split(","))]
@@ -409,15 +406,15 @@ def goals(rows, levels, key="mean_e2e") -> list[str]:
         if "off" in have:
             out.append("off (drafts loaded, nothing drafted) / none per level: " + ", ".join(
                 fmt(ratio("off", "none", lv)) for lv in levels))
-        busy = {p: [paired(rows, p, "none", lv, "busy_s") for lv in levels] for p in ("adaptive", "off")
-                if p in {r["policy"] for r in rows}}
+        present = {r["policy"] for r in rows}
+        busy = {p: [paired(rows, p, "none", lv, "busy_s") for lv in levels] for p in ("adaptive", "off") if p in present}
         if key == "mean_e2e" and busy and all(all(values) for values in busy.values()):
             # the engine's time inside step(): the work itself, without the queueing that mean E2E amplifies
             # (greedy runs commit the same tokens under every policy: the same work done faster or slower)
             out.append("engine busy time over none's (rounds that recorded it): " + "; ".join(
                 f"{p} " + ", ".join(fmt((statistics.median(v), min(v), max(v))) for v in values)
                 for p, values in busy.items()))
-        if "adaptive_q8" in {r["policy"] for r in rows}:
+        if "adaptive_q8" in present:
             out.append("q8_0 drafts: adaptive_q8 / none per level: " + ", ".join(
                 fmt(ratio("adaptive_q8", "none", lv)) for lv in levels) + "; adaptive_q8 / adaptive: " + ", ".join(
                 fmt(ratio("adaptive_q8", "adaptive", lv)) for lv in levels))
