@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 OUT = Path(__file__).parent / "results" / "adaptive"
-LATENCY_MODEL = Path(__file__).parent / "results" / "latency20" / "model.json"
+LATENCY_MODEL = Path(__file__).parent / "results" / "latency21" / "model.json"  # the int8 engine, 1 thread
 CEILING = 4  # the server default's (spec_decode/config.py DEFAULT_SPECULATIVE)
 # label -> (policy, draft-length ceiling, policy options)
 POLICIES = {
@@ -418,6 +418,10 @@ def goals(rows, levels, key="mean_e2e") -> list[str]:
             out.append("q8_0 drafts: adaptive_q8 / none per level: " + ", ".join(
                 fmt(ratio("adaptive_q8", "none", lv)) for lv in levels) + "; adaptive_q8 / adaptive: " + ", ".join(
                 fmt(ratio("adaptive_q8", "adaptive", lv)) for lv in levels))
+        if "planned" in present:  # the latency model's k for the measured rate against the per-request plan
+            out.append("planned (the latency model's k) / adaptive per level: " + ", ".join(
+                fmt(ratio("planned", "adaptive", lv)) for lv in levels) + "; planned / none: " + ", ".join(
+                fmt(ratio("planned", "none", lv)) for lv in levels))
         wins = sum(r[0] <= 0.90 for r in over_single)
         out.append(f"win on the mix: adaptive / {single} (best single fixed choice) per level: "
                    + ", ".join(fmt(r) for r in over_single) + f" (goal ≤ 0.90 at ≥ 2 levels and ≤ 1.00 at all: "

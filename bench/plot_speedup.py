@@ -8,6 +8,8 @@ configuration saturates or plain decoding's highest measured rate. Prints the po
 
     python bench/plot_speedup.py                       # bench/results/latency20 -> docs/speedup_vs_load.png
     python bench/plot_speedup.py bench/results/latency19/fixed.jsonl -o /tmp/speedup.png
+    python bench/plot_speedup.py bench/results/latency21/r1/fixed.jsonl bench/results/latency21/r2/fixed.jsonl \
+        -o bench/results/latency21/speedup.png       # repeats of one sweep: their runs together
 """
 from __future__ import annotations
 
@@ -38,12 +40,12 @@ def measured_speedups(runs) -> dict[str, list[tuple[float, float]]]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("results", nargs="?", default=str(ROOT / "bench/results/latency20/fixed.jsonl"))
+    p.add_argument("results", nargs="*", default=[str(ROOT / "bench/results/latency20/fixed.jsonl")])
     p.add_argument("-o", "--output", default=str(ROOT / "docs/speedup_vs_load.png"))
     args = p.parse_args()
-    runs = load_runs([args.results])
+    runs = load_runs(args.results)
     points = measured_speedups(runs)
-    model = fit_runs(runs, FitOptions(cross_validate=False), [args.results]).model
+    model = fit_runs(runs, FitOptions(cross_validate=False), args.results).model
 
     print("| configuration | E | rate (req/s) | measured speedup |\n|---|---|---|---|")
     for label, pts in points.items():
@@ -66,7 +68,7 @@ def main() -> None:
             ax.plot(*zip(*points[conf.label]), "o", ms=4, color=line.get_color())
     ax.axhline(1.0, color="k", lw=1)
     ax.set(xlabel="request rate (req/s)", ylabel="speedup over plain decoding (mean E2E)",
-           title=f"Speculative decoding under load ({Path(args.results).parent.name})")
+           title=f"Speculative decoding under load ({_name(args.results)})")
     ax.text(0.99, 0.02, "points: measured; lines: latency model fitted on the same runs",
             transform=ax.transAxes, ha="right", va="bottom", fontsize=7)
     ax.grid(alpha=0.3)
@@ -74,6 +76,13 @@ def main() -> None:
     fig.tight_layout()
     fig.savefig(args.output)
     print(f"wrote {args.output}")
+
+
+def _name(paths: list[str]) -> str:
+    """The sweep's folder name (latency20; latency21 for latency21/r1 and latency21/r2)."""
+    parents = {Path(p).parent for p in paths}
+    parent = parents.pop() if len(parents) == 1 else Path(paths[0]).parent.parent
+    return parent.name
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from specserve.latency.validate import validate_files
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "results"
 SWEEPS = ("latency18", "latency19", "latency20")
+REPEATED = {"latency21": ("r1", "r2")}  # sweeps committed as repeats of one design: one results file each
 
 
 def _committed_held_out(text: str) -> tuple[str, ...]:
@@ -38,6 +39,13 @@ def test_committed_validation_tables_match_the_committed_results(sweep):
     committed = _committed_held_out((RESULTS / sweep / "validate.md").read_text())
     assert len(committed) == 2, committed
     assert _held_out(report) == committed
+
+
+@pytest.mark.parametrize("sweep", REPEATED)
+def test_committed_validation_tables_of_repeated_sweeps_match_their_results(sweep):
+    report = validate_files([RESULTS / sweep / repeat / "fixed.jsonl" for repeat in REPEATED[sweep]])
+    assert not report.excluded
+    assert _held_out(report) == _committed_held_out((RESULTS / sweep / "validate.md").read_text())
 
 
 @pytest.mark.parametrize("sweep", SWEEPS)
