@@ -7,7 +7,7 @@ knows before running it. Prints observed against predicted mean E2E per run, and
 configuration and overall (saturated test runs, which a steady-state model cannot speak for, are listed
 and left out, as `fit` leaves them out).
 
-    python bench/latency_transfer.py --fit bench/results/latency21/r1/fixed.jsonl bench/results/latency21/r2/fixed.jsonl \
+    python bench/latency_transfer.py --fit bench/results/latency21/r{1,2,3}/fixed.jsonl \
         --test bench/results/latency21/trace/fixed.jsonl --markdown bench/results/latency21/transfer.md
 """
 from __future__ import annotations

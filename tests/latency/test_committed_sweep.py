@@ -20,7 +20,7 @@ from specserve.latency.validate import validate_files
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "results"
 SWEEPS = ("latency18", "latency19", "latency20")
-REPEATED = {"latency21": ("r1", "r2")}  # sweeps committed as repeats of one design: one results file each
+REPEATED = {"latency21": ("r1", "r2", "r3")}  # sweeps committed as repeats of one design: one results file each
 
 
 def _committed_held_out(text: str) -> tuple[str, ...]:
