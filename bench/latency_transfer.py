@@ -8,6 +8,8 @@ configuration and overall (saturated test runs, which a steady-state model canno
 and left out, as `fit` leaves them out). `--realised-cv`: each run's arrival CV is the one its measured requests
 met (their gaps' CV, from the per-request rows) instead of its process's nominal one (Poisson 1; a trace is
 taken as Poisson): a seeded Poisson realisation of a few dozen arrivals, or a trace window, can be far from it.
+(Records written since 2026-11-29 carry it as `arrival_gap_cv`, which `fit` uses anyway; this reads it from the
+per-request rows of older ones.)
 
     python bench/latency_transfer.py --fit bench/results/latency21/r{1,2,3}/fixed.jsonl \
         --test bench/results/latency21/trace/fixed.jsonl --markdown bench/results/latency21/transfer.md

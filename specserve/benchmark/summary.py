@@ -113,6 +113,7 @@ def build_record(results: list[RequestResult], *, run_id: str, label: str, k: in
             "duration_s": t1 - t0, "bench_duration_s": bench_span,
             "achieved_rate": achieved,
             "arrival_rate": (len(arrivals) - 1) / arrival_span if arrival_span > 0 else None,
+            "arrival_gap_cv": metrics.gap_cv(arrivals),
             "request_throughput_rps": len(ok) / bench_span if bench_span > 0 else 0.0,
             "output_throughput_tps": out_tokens / bench_span if bench_span > 0 else 0.0,
             "mean_in_flight": mean_b, "in_flight_slope": slope,
@@ -120,7 +121,7 @@ def build_record(results: list[RequestResult], *, run_id: str, label: str, k: in
         })
     else:
         record.update({"window_s": None, "window_is_whole_span": None, "duration_s": 0.0,
-                       "bench_duration_s": 0.0, "achieved_rate": 0.0, "arrival_rate": None,
+                       "bench_duration_s": 0.0, "achieved_rate": 0.0, "arrival_rate": None, "arrival_gap_cv": None,
                        "request_throughput_rps": 0.0, "output_throughput_tps": 0.0,
                        "mean_in_flight": None, "in_flight_slope": None, "littles_law_in_flight": None})
 

@@ -229,8 +229,13 @@ def _fixed_point(c1: np.ndarray, c2: np.ndarray, lam: np.ndarray, bound: np.ndar
     return np.where(done, c1, 0.5 * (a + b))
 
 
-def run_cv(process: str | None, burstiness: float | None) -> float | None:
-    """The CV of a bench run's arrival gaps when its record states it: Poisson 1, Gamma its burstiness."""
+def run_cv(process: str | None, burstiness: float | None, realised: float | None = None) -> float | None:
+    """The CV of a bench run's arrival gaps: the one its measured requests met (`arrival_gap_cv`, written by
+    `specserve bench` since 2026-11-29; kept within the modelled range) where the record has it, else the
+    process's it states: Poisson 1, Gamma its burstiness. A few dozen arrivals of a process can be far from
+    its CV, and a trace states none (docs/experiments/latency-validation.md, latency21)."""
+    if isinstance(realised, (int, float)) and not isinstance(realised, bool) and math.isfinite(realised) and realised > 0:
+        return float(min(max(realised, _CV_RANGE[0]), _CV_RANGE[1]))
     if process == "poisson":
         return 1.0
     if process == "gamma" and isinstance(burstiness, (int, float)):

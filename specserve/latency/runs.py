@@ -51,7 +51,8 @@ class BenchRun:
     achieved_rate: float
     arrival_rate: float | None  # realised arrivals per second (specserve bench writes it), if known
     arrival_process: str | None  # "poisson", "gamma", "trace", "closed", "burst", ...
-    arrival_cv: float | None  # CV of the arrival gaps when the record states it (Poisson 1, Gamma its burstiness)
+    arrival_cv: float | None  # CV of the arrival gaps: the measured requests' own (`arrival_gap_cv`) where the
+    # record has it, else its process's (Poisson 1, Gamma its burstiness)
     duration_s: float
     num_requests: int
     num_completed: int
@@ -142,7 +143,7 @@ def parse_run(record: Mapping, where: str, base_dir: Path, k_override: int | Non
     run_key = record.get("run_id", record.get("run"))
     arrival = record.get("arrival") if isinstance(record.get("arrival"), Mapping) else {}
     try:
-        cv = run_cv(arrival.get("process"), arrival.get("burstiness"))
+        cv = run_cv(arrival.get("process"), arrival.get("burstiness"), record.get("arrival_gap_cv"))
     except SpecServeError as e:
         raise SpecServeError(f"{where}: {e}") from None
     return BenchRun(

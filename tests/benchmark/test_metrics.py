@@ -78,6 +78,15 @@ def test_goodput_and_attainment_hand_computed():
     assert rec["ttft_s"]["median"] == pytest.approx(0.1)
     assert rec["errors"] == {"HTTP 500: boom": 1}
     assert rec["mean_output_tokens"] == pytest.approx((10 + 10 + 11 + 1) / 4)
+    assert rec["arrival_gap_cv"] is None  # 4 gaps between the measured arrivals: too few to say
+
+
+def test_gap_cv():
+    assert metrics.gap_cv(np.arange(10.0)) == pytest.approx(0.0)  # regular
+    assert metrics.gap_cv(np.cumsum([0, 1, 3, 1, 3, 1, 3])) == pytest.approx(0.5)  # gaps 1, 3: std 1, mean 2
+    assert metrics.gap_cv(np.arange(5.0)) is None and metrics.gap_cv(np.zeros(20)) is None
+    gaps = np.random.default_rng(0).exponential(size=20_000)
+    assert metrics.gap_cv(np.cumsum(gaps)) == pytest.approx(1.0, abs=0.03)  # Poisson
 
 
 def test_in_flight_average_and_slope_exact():

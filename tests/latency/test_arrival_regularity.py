@@ -81,6 +81,14 @@ def test_cv_outside_the_modelled_range_is_an_error():
     assert run_cv("trace", None) is None and run_cv("closed", None) is None
 
 
+def test_the_cv_the_requests_met_comes_before_the_processs():
+    """A record's `arrival_gap_cv` (its measured requests' gaps) is the CV the load term uses, kept within
+    the modelled range; without it, the process's."""
+    assert run_cv("trace", None, 0.7) == 0.7 and run_cv("poisson", None, 1.3) == 1.3
+    assert run_cv("gamma", 0.25, 9.0) == 4.0 and run_cv("gamma", 0.25, 0.01) == 0.05
+    assert run_cv("gamma", 0.25, None) == 0.25 and run_cv("poisson", None, float("nan")) == 1.0
+
+
 def _simulate_mixed(cv: float, lifetimes: np.ndarray, n: int = 100_000, seed: int = 1) -> float:
     """Unit-rate Gamma arrivals, each request's lifetime drawn from `lifetimes`: the lifetime-weighted
     company, Σ_i (time others spend beside i) / Σ_i ℓ_i."""

@@ -21,6 +21,12 @@ def test_reads_a_record(tmp_path):
     assert run.run_key == "r1" and run.source.endswith("r.jsonl:1")
 
 
+def test_arrival_cv_is_the_one_the_measured_requests_met(tmp_path):
+    assert _run(tmp_path, arrival={"process": "poisson"}).cv == 1.0
+    assert _run(tmp_path, arrival={"process": "poisson"}, arrival_gap_cv=1.4).cv == pytest.approx(1.4)
+    assert _run(tmp_path, arrival={"process": "trace"}, arrival_gap_cv=0.7).cv == pytest.approx(0.7)
+
+
 def test_k_and_acceptance_from_other_fields(tmp_path):
     run = _run(tmp_path, k=None, server_config={"num_speculative_tokens": 4},
                spec={"num_drafts": 10, "num_accepted_tokens": 20})
