@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from specserve.benchmark.metrics import gap_cv
+from specserve.latency.arrivals import run_cv
 from specserve.latency.crossval import observed_predicted, summarize
 from specserve.latency.fit import FitOptions, fit_runs
 from specserve.latency.runs import load_runs
@@ -30,18 +32,16 @@ from specserve.latency.saturation import split_saturated
 
 
 def realised_cv(runs):
-    """The runs with arrival_cv set to the CV of their measured requests' arrival gaps."""
-    gaps: dict[str, list[float]] = {}
+    """The runs with arrival_cv set to the CV of their measured requests' arrival gaps (as `specserve bench`
+    records it since, `arrival_gap_cv`), read from their per-request rows."""
+    arrivals: dict[str, list[float]] = {}
     for path in {r.requests_path for r in runs if r.requests_path}:
         for line in Path(path).read_text().splitlines():
             row = json.loads(line)
             if row.get("measured"):
-                gaps.setdefault(str(row["run"]), []).append(row["arrival_s"])
-    out = []
-    for r in runs:
-        g = np.diff(np.sort(gaps.get(r.run_key, [])))
-        out.append(replace(r, arrival_cv=float(g.std() / g.mean())) if len(g) >= 2 and g.mean() > 0 else r)
-    return out
+                arrivals.setdefault(str(row["run"]), []).append(row["arrival_s"])
+    return [replace(r, arrival_cv=run_cv(None, None, gap_cv(np.array(arrivals.get(r.run_key, []))))
+                    or r.arrival_cv) for r in runs]
 
 
 def transfer(fit_paths: list[str], test_paths: list[str], realised: bool = False) -> list[str]:
