@@ -17,7 +17,6 @@ per-request rows of older ones.)
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from specserve.benchmark.metrics import gap_cv
 from specserve.latency.arrivals import run_cv
 from specserve.latency.crossval import observed_predicted, summarize
 from specserve.latency.fit import FitOptions, fit_runs
+from specserve.latency.requests import rows_by_run
 from specserve.latency.runs import load_runs
 from specserve.latency.saturation import split_saturated
 
@@ -34,14 +34,13 @@ from specserve.latency.saturation import split_saturated
 def realised_cv(runs):
     """The runs with arrival_cv set to the CV of their measured requests' arrival gaps (as `specserve bench`
     records it since, `arrival_gap_cv`), read from their per-request rows."""
-    arrivals: dict[str, list[float]] = {}
-    for path in {r.requests_path for r in runs if r.requests_path}:
-        for line in Path(path).read_text().splitlines():
-            row = json.loads(line)
-            if row.get("measured"):
-                arrivals.setdefault(str(row["run"]), []).append(row["arrival_s"])
-    return [replace(r, arrival_cv=run_cv(None, None, gap_cv(np.array(arrivals.get(r.run_key, []))))
-                    or r.arrival_cv) for r in runs]
+    rows = {key: group for path in {r.requests_path for r in runs if r.requests_path}
+            for key, group in rows_by_run(Path(path)).items()}
+
+    def measured_cv(run):
+        arrivals = [row["arrival_s"] for row in rows.get(run.run_key, []) if row.get("measured")]
+        return run_cv(None, None, gap_cv(np.array(arrivals)))
+    return [replace(r, arrival_cv=measured_cv(r) or r.arrival_cv) for r in runs]
 
 
 def transfer(fit_paths: list[str], test_paths: list[str], realised: bool = False) -> list[str]:

@@ -8,7 +8,7 @@ configuration saturates or plain decoding's highest measured rate. Prints the po
 
     python bench/plot_speedup.py                       # bench/results/latency20 -> docs/speedup_vs_load.png
     python bench/plot_speedup.py bench/results/latency19/fixed.jsonl -o /tmp/speedup.png
-    python bench/plot_speedup.py bench/results/latency21/r1/fixed.jsonl bench/results/latency21/r2/fixed.jsonl \
+    python bench/plot_speedup.py bench/results/latency21/r{1,2,3}/fixed.jsonl \
         -o bench/results/latency21/speedup.png       # repeats of one sweep: their runs together
 """
 from __future__ import annotations
@@ -79,7 +79,7 @@ def main() -> None:
 
 
 def _name(paths: list[str]) -> str:
-    """The sweep's folder name (latency20; latency21 for latency21/r1 and latency21/r2)."""
+    """The sweep's folder name (latency20; latency21 for latency21/r1, r2, r3)."""
     parents = {Path(p).parent for p in paths}
     parent = parents.pop() if len(parents) == 1 else Path(paths[0]).parent.parent
     return parent.name

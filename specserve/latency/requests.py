@@ -43,7 +43,8 @@ class RequestSample:
         return float(np.sqrt(residual @ residual / (n - 2)))
 
 
-def _rows_by_run(path: Path) -> dict[str | None, list[dict]]:
+def rows_by_run(path: Path) -> dict[str | None, list[dict]]:
+    """A per-request side file's rows, grouped by the run each names ("run"; None where a row names none)."""
     rows: dict[str | None, list[dict]] = {}
     for line in path.read_text().splitlines():
         if line.strip():
@@ -95,7 +96,7 @@ def load_request_samples(runs: Sequence[BenchRun]) -> tuple[dict[str, RequestSam
             by_file.setdefault(run.requests_path, []).append(run)
     for path, group in by_file.items():
         try:
-            rows = _rows_by_run(Path(path))
+            rows = rows_by_run(Path(path))
         except (OSError, json.JSONDecodeError) as e:
             notes.append(f"per-request rows unused: cannot read {path} ({e})")
             continue
