@@ -1,7 +1,8 @@
-"""The Ray Serve application: N EngineReplica deployments behind one OpenAIIngress.
+"""The Ray Serve applications: N EngineReplica deployments, alone or behind one OpenAIIngress deployment.
 
-`build_application(settings)` is what `specserve serve --replicas N` runs; `app_builder` is the same for
-a Serve config file on an existing Ray cluster (docs/scaleout.md):
+`engine_application(settings)` is what `specserve serve --replicas N` runs (its own process answers HTTP,
+launch.py); `build_application(settings)` adds the ingress deployment behind Ray's HTTP proxy (`--front
+ray`), and `app_builder` is that for a Serve config file on an existing Ray cluster (docs/scaleout.md):
 
     applications:
       - name: specserve
@@ -18,15 +19,13 @@ INGRESS_DEPLOYMENT = "OpenAIIngress"
 INGRESS_MAX_ONGOING = 100_000  # the ingress only waits on replicas: it should never be what queues
 
 
-def build_application(s: ScaleoutSettings):
+def engine_application(s: ScaleoutSettings):
     from ray import serve
     from ray.serve.config import RequestRouterConfig
 
-    from specserve.scaleout.ingress import OpenAIIngress
     from specserve.scaleout.replica import EngineReplica
     from specserve.scaleout.routers import ROUTER_CLASSES
 
-    settings = s.to_dict()
     router = RequestRouterConfig(request_router_class=ROUTER_CLASSES[s.router],
                                  request_router_kwargs={"session_imbalance": s.session_imbalance},
                                  request_routing_stats_period_s=s.stats_period_s)
@@ -35,9 +34,17 @@ def build_application(s: ScaleoutSettings):
                               ray_actor_options={"num_cpus": s.num_threads, "num_gpus": s.gpus_per_replica},
                               max_ongoing_requests=s.ongoing_cap, graceful_shutdown_timeout_s=s.drain_timeout,
                               request_router_config=router)
+    return engine.bind(s.to_dict())
+
+
+def build_application(s: ScaleoutSettings):
+    from ray import serve
+
+    from specserve.scaleout.ingress import OpenAIIngress
+
     ingress = serve.deployment(OpenAIIngress, name=INGRESS_DEPLOYMENT, num_replicas=1,
                                ray_actor_options={"num_cpus": 0}, max_ongoing_requests=INGRESS_MAX_ONGOING)
-    return ingress.bind(engine.bind(settings), settings)
+    return ingress.bind(engine_application(s), s.to_dict())
 
 
 def app_builder(args: dict):

@@ -13,6 +13,10 @@ def add_scaleout_args(p: argparse.ArgumentParser) -> None:
                    help="latency: the replica with the lowest predicted latency for this request (its fitted "
                         "coefficients, in-flight requests and the request's lengths); pow2: Ray's power of "
                         "two choices (default latency)")
+    g.add_argument("--front", choices=("process", "ray"), default="process",
+                   help="who answers HTTP: process (this process, calling the replicas through a Ray handle: "
+                        "one hop) or ray (Ray Serve's HTTP proxy and an ingress deployment: two hops, what a "
+                        "Serve config file deploys) (default process)")
     g.add_argument("--latency-model", metavar="MODEL.json", default=None,
                    help="fitted coefficients (`specserve latency fit`) the latency router predicts with "
                         "(default: none; it then balances in-flight work by length)")

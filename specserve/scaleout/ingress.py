@@ -1,16 +1,21 @@
-"""The one HTTP entry point (a Ray Serve ingress deployment): forwards each OpenAI request to an engine
-replica chosen by the request router, retries elsewhere when its replica dies or is full before answering,
-and answers /health and /metrics for all replicas together.
+"""The one HTTP entry point: forwards each OpenAI request to an engine replica chosen by the request
+router, retries elsewhere when its replica dies or is full before answering, and answers /health and
+/metrics for all replicas together.
+
+`Ingress.api()` is its FastAPI app. Two front ends serve it (docs/scaleout.md, "The HTTP front"):
+`specserve serve --replicas N` runs it in its own process under uvicorn, calling the replicas through a
+deployment handle (one Ray hop per request and per streamed piece); `OpenAIIngress` is the same as a Ray
+Serve ingress deployment behind Ray's HTTP proxy (two Ray hops), what a Serve config file deploys.
 
 It loads no model and imports no torch: it reads the request body only for routing hints (hints.py).
 Non-streaming responses are buffered whole, so a replica that dies before finishing is retried on
 another. A stream whose replica dies after sending tokens cannot be resumed elsewhere; it ends with an
 OpenAI error event and `[DONE]`, which the official client raises as an APIError, instead of hanging.
 
-Ray pickles this class by value (serve.ingress makes a new class), with copies of the globals its methods
-use: so no `from __future__ import annotations` (FastAPI must see `Request` itself, not a name it can no
-longer resolve), and the book the router writes is reached through its module (`book.BOOK`), which is
-pickled by reference, never as a copied global.
+Ray pickles `OpenAIIngress` by value (serve.ingress makes a new class), with copies of the globals its
+methods use: so no `from __future__ import annotations` (FastAPI must see `Request` itself, not a name it
+can no longer resolve), and the book the router writes is reached through its module (`book.BOOK`),
+which is pickled by reference, never as a copied global.
 """
 import asyncio
 import contextvars
@@ -31,7 +36,6 @@ from specserve.scaleout.prometheus_merge import merge
 from specserve.scaleout.settings import ScaleoutSettings
 
 log = logging.getLogger("specserve.scaleout")
-api = FastAPI(title="specserve scale-out", docs_url=None, redoc_url=None, openapi_url=None)
 
 # A replica that died (ActorDiedError) or cannot be reached (ActorUnavailableError): worth another replica.
 REPLICA_GONE = (RayActorError,)
@@ -98,8 +102,7 @@ class _BookCollector:
         return [routed, in_flight, replicas]
 
 
-@serve.ingress(api)
-class OpenAIIngress:
+class Ingress:
     def __init__(self, engine, settings: dict):
         prometheus_client.disable_created_metrics()  # one `_created` series per counter is noise (server/cli.py)
         self.engine = engine  # DeploymentHandle of EngineReplica
@@ -140,7 +143,13 @@ class OpenAIIngress:
         except Exception as e:  # noqa: BLE001 - reported per replica, never fails the whole answer
             return e
 
-    @api.get("/health")
+    def api(self) -> FastAPI:
+        app = FastAPI(title="specserve scale-out", docs_url=None, redoc_url=None, openapi_url=None)
+        app.add_api_route("/health", self.health, methods=["GET"])
+        app.add_api_route("/metrics", self.metrics, methods=["GET"])
+        app.add_api_route("/v1/{rest:path}", self.forward, methods=["GET", "POST"])
+        return app
+
     async def health(self):
         replicas = await self._replicas()
         answers = await asyncio.gather(*(self._pinned("health", r) for r in replicas))
@@ -151,7 +160,6 @@ class OpenAIIngress:
                 "replicas_configured": self.settings.replicas, "router": self.settings.router, "replicas": report}
         return JSONResponse(body, status_code=200 if ready else 503)
 
-    @api.get("/metrics")
     async def metrics(self):
         replicas = await self._replicas()
         answers = await asyncio.gather(*(self._pinned("scrape", r) for r in replicas))
@@ -159,7 +167,6 @@ class OpenAIIngress:
         return Response(merge(texts) + generate_latest(self.registry).decode(), media_type=CONTENT_TYPE_LATEST)
 
     # ---- the OpenAI API -----------------------------------------------------------------------
-    @api.api_route("/v1/{rest:path}", methods=["GET", "POST"])
     async def forward(self, rest: str, request: Request):
         body = await read_body(request, self.settings.max_request_bytes)
         if body is None:
@@ -218,3 +225,11 @@ class OpenAIIngress:
             yield _sse("[DONE]")
         finally:
             stream.cancel()  # no-op after the end; when the client left, stops the replica's request
+
+
+@serve.ingress()
+class OpenAIIngress(Ingress):
+    """The ingress as a Ray Serve deployment, behind Ray's HTTP proxy (app.py)."""
+
+    def __serve_build_asgi_app__(self):
+        return self.api()

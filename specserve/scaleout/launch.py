@@ -3,6 +3,11 @@
 Like the single-process server it prints `specserve serving http://HOST:PORT/v1 | ...` once every replica
 is up, and exits 0 after a signal, having shut down what it started: Serve and the local Ray cluster,
 or, on a cluster it joined (--ray-address), only its own application.
+
+Who answers HTTP (`--front`): by default this process, under uvicorn, calling the replicas through a Ray
+deployment handle: the request router runs here, and each request and each streamed piece crosses one Ray
+hop. `--front ray` deploys the ingress as a Ray Serve deployment behind Ray's HTTP proxy instead (what a
+Serve config file deploys): proxy -> ingress -> replica, two hops, and the proxy's process besides.
 """
 from __future__ import annotations
 
@@ -13,6 +18,8 @@ import signal
 import socket
 import threading
 from pathlib import Path
+
+import uvicorn
 
 from specserve.errors import SpecServeError
 from specserve.scaleout.settings import APP_NAME, ScaleoutSettings
@@ -68,12 +75,33 @@ def start_ray(address: str | None, s: ScaleoutSettings) -> bool:
     return True
 
 
+class _Front(uvicorn.Server):
+    """uvicorn for the process front: a signal stops it after its requests finish (up to the drain
+    timeout) without being raised again once it has stopped (uvicorn's default), so Serve and Ray can be
+    shut down after it."""
+
+    def handle_exit(self, sig, frame) -> None:
+        self.force_exit = self.should_exit  # a second signal: stop now
+        self.should_exit = True
+
+
+def serve_front(s: ScaleoutSettings, args, sock: socket.socket, handle) -> None:
+    from specserve.scaleout.ingress import Ingress
+    from specserve.server.launch import timed_protocol
+
+    sock.listen(2048)
+    config = uvicorn.Config(Ingress(handle, s.to_dict()).api(), lifespan="off", log_level="info",
+                            access_log=not args.disable_access_log, timeout_graceful_shutdown=s.drain_timeout,
+                            timeout_keep_alive=s.timeout_keep_alive, http=timed_protocol(s.timeout_read))
+    _Front(config).run(sockets=[sock])
+
+
 def describe(s: ScaleoutSettings, url: str) -> str:
     e = s.engine
     spec = e.get("speculative_config") or "none"
     model = s.latency_model or "none (in-flight work by length)"
     return (f"specserve serving {url}/v1 | {s.replicas} replica(s) on Ray Serve, {s.num_threads} thread(s) each | "
-            f"router {s.router} | latency model {model} | model {e['model']} | draft {spec} | "
+            f"front {s.front} | router {s.router} | latency model {model} | model {e['model']} | draft {spec} | "
             f"max_num_seqs {e['max_num_seqs']}")
 
 
@@ -83,10 +111,15 @@ def serve_replicas(args) -> int:
         from ray import serve
     except ImportError:
         raise SpecServeError(RAY_MISSING) from None
-    from specserve.scaleout.app import build_application
+    from specserve.scaleout.app import build_application, engine_application
 
     s = ScaleoutSettings.from_args(args)
-    port = free_port(args.host, args.port)
+    if s.front == "process":
+        from specserve.server.launch import bind
+        sock = bind(args.host, args.port)  # held from now on: none of Ray's processes can take it
+        port = sock.getsockname()[1]
+    else:
+        sock, port = None, free_port(args.host, args.port)
     stop = threading.Event()
 
     def on_signal(*_):
@@ -99,16 +132,25 @@ def serve_replicas(args) -> int:
 
     catch_signals()
     started_ray = start_ray(args.ray_address, s)
+    host = f"[{args.host}]" if ":" in args.host else args.host
     try:
         catch_signals()  # again: ray.init may install its own
-        serve.start(http_options={"host": args.host, "port": port,
-                                  "keep_alive_timeout_s": max(1, round(s.timeout_keep_alive))})
-        serve.run(build_application(s), name=APP_NAME, route_prefix="/")
-        host = f"[{args.host}]" if ":" in args.host else args.host
-        log.info(describe(s, f"http://{host}:{port}"))
-        stop.wait()
+        if sock is not None:
+            serve.start(proxy_location="Disabled")
+            handle = serve.run(engine_application(s), name=APP_NAME, route_prefix=None)
+            log.info(describe(s, f"http://{host}:{port}"))
+            if not stop.is_set():
+                serve_front(s, args, sock, handle)  # until a signal, after which its requests finish
+        else:
+            serve.start(http_options={"host": args.host, "port": port,
+                                      "keep_alive_timeout_s": max(1, round(s.timeout_keep_alive))})
+            serve.run(build_application(s), name=APP_NAME, route_prefix="/")
+            log.info(describe(s, f"http://{host}:{port}"))
+            stop.wait()
         log.info("stopping: draining replicas for up to %g s", s.drain_timeout)
     finally:
+        if sock is not None:
+            sock.close()
         if started_ray:
             serve.shutdown()
             ray.shutdown()

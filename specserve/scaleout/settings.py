@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field, fields
 from specserve.errors import SpecServeError
 
 ROUTERS = ("latency", "pow2")
+FRONTS = ("process", "ray")  # who answers HTTP: the serving process itself, or Ray Serve's proxy
 DEFAULT_SESSION_FIELDS = ("session_id", "user")
 APP_NAME = "specserve"
 
@@ -34,6 +35,7 @@ class ScaleoutSettings:
     engine: dict = field(default_factory=engine_defaults)
     replicas: int = 2
     router: str = "latency"
+    front: str = "process"
     latency_model: str | None = None  # model.json from `specserve latency fit`: the replicas' coefficients
     session_fields: tuple[str, ...] = DEFAULT_SESSION_FIELDS  # request fields that pin a session to a replica
     session_imbalance: int = 8  # a session leaves its replica when that one has this many more in flight
@@ -58,6 +60,8 @@ class ScaleoutSettings:
             raise SpecServeError(f"--replicas must be at least 1, got {self.replicas}")
         if self.router not in ROUTERS:
             raise SpecServeError(f"--router must be one of {', '.join(ROUTERS)}, got {self.router!r}")
+        if self.front not in FRONTS:
+            raise SpecServeError(f"--front must be one of {', '.join(FRONTS)}, got {self.front!r}")
         if self.max_retries < 0:
             raise SpecServeError(f"--max-retries must be >= 0, got {self.max_retries}")
         if self.gpus_per_replica < 0:
@@ -110,7 +114,8 @@ class ScaleoutSettings:
     def from_args(cls, args: argparse.Namespace) -> "ScaleoutSettings":
         """From `specserve serve --replicas N ...` (after the speculative default has been chosen)."""
         return cls(engine={k: getattr(args, k) for k in ENGINE_KEYS}, replicas=args.replicas, router=args.router,
-                   latency_model=args.latency_model, session_fields=parse_session_fields(args.session_field),
+                   front=args.front, latency_model=args.latency_model,
+                   session_fields=parse_session_fields(args.session_field),
                    served_model_names=tuple(args.served_model_name or ()), api_key=args.api_key,
                    max_queue=args.max_queue, max_retries=args.max_retries,
                    gpus_per_replica=args.gpus_per_replica, drain_timeout=args.drain_timeout,

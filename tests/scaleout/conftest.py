@@ -25,9 +25,10 @@ def fitted_model(tmp_path_factory):
     return path
 
 
-@pytest.fixture(scope="module")
-def cluster(tiny_target, fitted_model, tmp_path_factory):
-    """Two replicas of the tiny target, one thread each, latency-aware router with a fitted model."""
+@pytest.fixture(scope="module", params=["process", "ray"])
+def cluster(request, tiny_target, fitted_model, tmp_path_factory):
+    """Two replicas of the tiny target, one thread each, latency-aware router with a fitted model; HTTP
+    answered by the serving process (the default) or by Ray Serve's proxy and ingress deployment."""
     pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install 'specserve[scaleout]')")
     from specserve.scaleout.process import RayUnavailable, ReplicaServer
 
@@ -35,7 +36,8 @@ def cluster(tiny_target, fitted_model, tmp_path_factory):
         server = ReplicaServer(["--model", str(tiny_target), "--dtype", "float32", "--kv-cache-memory", SMALL_KV,
                                 "--max-model-len", "1024", "--speculative-config", "none", "--num-threads", "1",
                                 "--served-model-name", "tiny", "--replicas", "2", "--router", "latency",
-                                "--latency-model", str(fitted_model), "--drain-timeout", "5"],
+                                "--latency-model", str(fitted_model), "--drain-timeout", "5",
+                                "--front", request.param],
                                tmp_path_factory.mktemp("scaleout") / "serve.log",
                                env={STEP_PACE_ENV: "0.01"})  # a 900-token request runs >= 9 s on any machine
     except RayUnavailable as e:

@@ -1,6 +1,6 @@
 """`specserve serve --replicas 2` on a local Ray cluster, driven by the official openai client.
 
-One cluster for the module (tests/scaleout/conftest.py); the replica-killing test runs last.
+One cluster per HTTP front, for the module (tests/scaleout/conftest.py); the replica-killing test runs last.
 """
 import asyncio
 import os
