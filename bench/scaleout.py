@@ -1,31 +1,37 @@
-"""Scale-out on Ray Serve (issue 48): one trace through 1 and 2 replicas, the two routers, and the planner.
+"""Scale-out on Ray Serve (issues 48, 63): one replica against one process, 1 vs 2 replicas, the routers, the planner.
 
-The same trace (Poisson arrivals at a rate one replica can barely sustain, a skewed length mix: most
-requests short, a few long) is replayed, arrival for arrival, against:
+First, on one Ray replica (1 thread, plain decoding), a saturation burst (equal requests of the mix's mean
+length) gives one replica's saturation rate S, and Poisson runs at --fit-loads x S (lengths drawn from the
+mix: most requests short, a few long) are fitted with `specserve latency fit`'s code: the fit reaches the
+loads it is asked about, and its C1 holds whatever the Ray hops cost. Then, --repeats times, each
+configuration (started afresh, in an order rotated every repeat) replays the same traces, Poisson arrivals
+at --loads x S, arrival for arrival:
 
-    single        `specserve serve`, one process, 1 thread (no Ray: what Ray's hops cost)
-    ray-1x1       `specserve serve --replicas 1`, 1 thread
-    ray-2x1-pow2  `--replicas 2`, 1 thread each, Ray's power of two choices
-    ray-2x1-lat   `--replicas 2`, 1 thread each, the latency-aware router with the model fitted below
+    single             `specserve serve`, one process, 1 thread (no Ray)
+    ray-1x1            `specserve serve --replicas 1` (HTTP answered by the serving process, --front process)
+    ray-1x1-proxy      the same behind Ray Serve's HTTP proxy and ingress deployment (--front ray)
+    ray-2x1-pow2       `--replicas 2`, 1 thread each, power of two choices
+    ray-2x1-latency    `--replicas 2`, the latency-aware router with the fitted model
+    (--spec adds single-sd and ray-2x1-pow2-sd: the default speculation, the shipped drafts, adaptive)
 
-First, on ray-1x1, a saturation burst (equal requests of the mix's mean length) and Poisson runs at
---fit-loads of it (lengths drawn from the mix) are fitted with `specserve latency fit`'s code. The
-trace's rate is --load x one replica's saturation rate 1/C2 by that fit. The fitted model then plans
-replicas for the trace (`specserve latency plan --replicas`) under a mean-E2E SLO (default: twice a lone request's mean E2E on this mix), and its per-replica prediction at 1 and 2
-replicas is set beside the measured runs.
+ray-1x1 and ray-2x1-pow2 also take a saturation burst of --saturation-requests each repeat (2 replicas'
+throughput against one's). The fitted model plans replicas for each trace (`specserve latency plan
+--replicas`, a mean-E2E SLO, by default twice a lone request's), set beside what was measured.
 
-    python bench/scaleout.py [--model smollm2-135m] [--requests 100] [--out bench/results/scaleout]
+    python bench/scaleout.py [--repeats 3] [--loads 0.5,0.8,1.1] [--spec] [--out bench/results/scaleout]
 
-About 15 minutes with the defaults on a busy 2-core machine (SmolLM2-135M, one thread per replica).
-
-Writes OUT/runs.jsonl (+ per-request rows), OUT/model.json, OUT/trace.csv, OUT/plan.txt, OUT/summary.md and
-OUT/summary.json; server logs in OUT/logs/. Prints the table. Numbers from a shared machine are noisy: say so.
+Writes OUT/runs.jsonl (+ per-request rows), OUT/fit.jsonl, OUT/model.json, OUT/trace-*.csv, OUT/plan-*.txt,
+OUT/summary.md and OUT/summary.json; server logs in OUT/logs/. Prints the summary. Benchmark on an idle
+machine (nothing else running): torch's threads slow many-fold when another process wants a core.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import os
+import platform
+import subprocess
 import sys
 import time
 from dataclasses import replace
@@ -33,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from specserve.benchmark.arrivals import load_trace
 from specserve.benchmark.prompts import load_tokenizer
 from specserve.benchmark.results import append_run
 from specserve.benchmark.runner import RunOptions, Target, run_once
@@ -45,6 +52,17 @@ from specserve.latency.fit import FitOptions, fit_runs
 from specserve.latency.runs import load_runs
 from specserve.model.registry import resolve
 from specserve.scaleout.process import ReplicaServer
+
+# label -> (replicas (None: one process, no Ray), extra `specserve serve` flags, speculation on)
+CONFIGS = {
+    "single": (None, [], False),
+    "ray-1x1": (1, ["--router", "pow2"], False),
+    "ray-1x1-proxy": (1, ["--router", "pow2", "--front", "ray"], False),
+    "ray-2x1-pow2": (2, ["--router", "pow2"], False),
+    "ray-2x1-latency": (2, ["--router", "latency"], False),
+}
+SPEC_CONFIGS = {"single-sd": (None, [], True), "ray-2x1-pow2-sd": (2, ["--router", "pow2"], True)}
+SATURATION_CONFIGS = ("ray-1x1", "ray-2x1-pow2")
 
 
 def write_trace(path: Path, n: int, rate: float, args, rng: np.random.Generator) -> None:
@@ -59,107 +77,132 @@ def write_trace(path: Path, n: int, rate: float, args, rng: np.random.Generator)
     path.write_text("\n".join(rows) + "\n")
 
 
-def server_args(args, replicas: int | None, router: str = "latency", model_json: Path | None = None) -> list[str]:
-    common = ["--model", args.model, "--dtype", args.dtype, "--num-threads", str(args.threads), "--speculative-config", "none",
+def server_args(args, label: str, model_json: Path | None) -> list[str]:
+    replicas, extra, spec = {**CONFIGS, **SPEC_CONFIGS}[label]
+    common = ["--model", args.model, "--dtype", args.dtype, "--num-threads", str(args.threads),
               "--max-model-len", str(args.max_model_len), "--disable-access-log", *args.server_arg]
+    common += [] if spec else ["--speculative-config", "none"]
     if replicas is None:
         return common
-    extra = ["--replicas", str(replicas), "--router", router]
-    return common + extra + (["--latency-model", str(model_json)] if model_json else [])
+    latency = ["--latency-model", str(model_json)] if "latency" in extra and model_json else []
+    return common + ["--replicas", str(replicas), *extra, *latency]
+
+
+def mean_output(args) -> int:
+    return round((1 - args.long_share) * args.short + args.long_share * args.long)
 
 
 async def measure(target: Target, spec: WorkloadSpec, opts: RunOptions, results: Path, **info) -> dict:
     record, rows = await run_once(target, spec, opts, sweep_info=info or None)
     append_run(results, record, rows)
-    e2e = record["e2e_s"]
-    print(f"  [{target.label}] {record['num_completed']}/{record['num_requests']} ok, achieved "
+    e2e, ttft = record["e2e_s"], record["ttft_s"]
+    print(f"  [{target.label}] {info} {record['num_completed']}/{record['num_requests']} ok, "
           f"{record['achieved_rate']:.3f} req/s, mean E2E {e2e['mean'] or float('nan'):.3f} s, "
-          f"p99 {e2e.get('p99') or float('nan'):.3f} s", flush=True)
+          f"TTFT {ttft['mean'] or float('nan'):.3f} s", flush=True)
     return record
 
 
-def fit_phase(args, server: ReplicaServer, results: Path, lengths_trace: Path, opts: RunOptions) -> tuple[float, Path]:
-    """Saturation rate of one replica and a model fitted on Poisson runs below it."""
-    target = Target(base_url=server.root, label="fit-1x1", k=0, server_config={"replicas": 1, "k": 0})
+def burst_spec(args) -> WorkloadSpec:
     # A burst of the mix itself would measure its longest request (the short ones finish, the last long one
     # runs alone): the burst is of equal requests of the mix's mean output length instead.
-    mean_output = round((1 - args.long_share) * args.short + args.long_share * args.long)
-    burst = WorkloadSpec(input_len=args.input_len, output_len=mean_output, dataset=args.dataset, seed=args.seed)
-    sat = asyncio.run(measure_saturation(target, burst, opts, args.saturation_requests))
-    print(f"  one replica saturates at {sat:.3f} req/s ({args.saturation_requests} requests of {mean_output} "
-          f"tokens at once)", flush=True)
-    spec = WorkloadSpec(trace=str(lengths_trace), dataset=args.dataset, seed=args.seed)
-    fit_file = results.parent / "fit.jsonl"
-    for i, load in enumerate(args.fit_loads):
-        run = replace(spec, request_rate=load * sat, max_requests=args.fit_requests, seed=args.seed + 1 + i)
-        asyncio.run(measure(target, run, opts, fit_file, load=load))
+    return WorkloadSpec(input_len=args.input_len, output_len=mean_output(args), dataset=args.dataset, seed=args.seed)
+
+
+def fit_phase(args, out: Path, opts: RunOptions) -> tuple[float, Path]:
+    """One replica's saturation rate (burst) and a model fitted on Poisson runs up to --fit-loads of it."""
+    server = ReplicaServer(server_args(args, "ray-1x1", None), out / "logs" / "fit.log")
+    try:
+        target = Target(base_url=server.root, label="fit-1x1", k=0, server_config={"replicas": 1, "k": 0})
+        sat = asyncio.run(measure_saturation(target, burst_spec(args), opts, args.saturation_requests))
+        print(f"  one replica saturates at {sat:.3f} req/s ({args.saturation_requests} requests of "
+              f"{mean_output(args)} tokens at once)", flush=True)
+        lengths = out / "lengths.csv"
+        write_trace(lengths, 1000, 1.0, args, np.random.default_rng(args.seed))  # the mix; runs draw rows from it
+        spec = WorkloadSpec(trace=str(lengths), dataset=args.dataset, seed=args.seed)
+        fit_file = out / "fit.jsonl"
+        for i, load in enumerate(args.fit_loads):
+            run = replace(spec, request_rate=load * sat, max_requests=args.fit_requests, seed=args.seed + 1 + i)
+            asyncio.run(measure(target, run, opts, fit_file, load=load))
+    finally:
+        server.stop()
     report = fit_runs(load_runs([fit_file]), FitOptions(cross_validate=False), [str(fit_file)])
-    path = results.parent / "model.json"
+    path = out / "model.json"
     model_file.save(report, path)
     c = report.model.e2e.demands(0, 1.0, report.model.output_tokens)
-    print(f"  fitted: C1 {c.c1:.3f} s, C2 {c.c2:.3f} s at g={report.model.output_tokens:.0f} (saturation "
-          f"{1 / c.c2:.3g} req/s); excluded {len(report.excluded)} run(s)", flush=True)
-    return min(1 / c.c2, sat), path
+    print(f"  fitted: C1 {c.c1:.3f} s, C2 {c.c2:.3f} s at g={report.model.output_tokens:.0f} (1/C2 {1 / c.c2:.3g} "
+          f"req/s), fitted up to {report.model.fitted_rate(0):.3g} req/s; excluded {len(report.excluded)} run(s)",
+          flush=True)
+    return sat, path
 
 
-def row(label: str, replicas: str, router: str, r: dict) -> dict:
-    e2e, ttft = r["e2e_s"], r["ttft_s"]
-    return {"configuration": label, "replicas x threads": replicas, "router": router,
-            "offered req/s": r["offered_rate"] or r["arrival_rate"], "throughput req/s": r["request_throughput_rps"],
-            "output tok/s": r["output_throughput_tps"], "mean E2E s": e2e["mean"], "p99 E2E s": e2e.get("p99"),
-            "mean TTFT s": ttft["mean"], "failed": r["num_failed"]}
+def spread(values: list[float]) -> dict:
+    v = [x for x in values if x is not None]
+    return {"median": float(np.median(v)), "min": min(v), "max": max(v), "n": len(v)} if v else {"median": None}
 
 
-def markdown(rows: list[dict]) -> str:
-    keys = list(rows[0])
-    fmt = (lambda v: f"{v:.3g}" if isinstance(v, float) else ("-" if v is None else str(v)))
-    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-    lines += ["| " + " | ".join(fmt(r[k]) for k in keys) + " |" for r in rows]
-    return "\n".join(lines)
+def fmt(d: dict, unit: str = "") -> str:
+    if d.get("median") is None:
+        return "-"
+    return f"{d['median']:.3g}{unit} [{d['min']:.3g}-{d['max']:.3g}]" if d["n"] > 1 else f"{d['median']:.3g}{unit}"
 
 
-def planner_check(args, model_json: Path, trace: Path, runs: dict[str, dict]) -> tuple[str, dict]:
-    from specserve.benchmark.arrivals import load_trace
-
+def planner_check(args, model_json: Path, traces: dict[float, Path], e2e: dict, out: Path) -> tuple[list[str], list[dict]]:
+    """Per trace: the planner's replicas and per-replica mean E2E at 1 and 2 replicas against the medians
+    measured (2 replicas: the better router)."""
     model = model_file.load(model_json).model
-    t = load_trace(str(trace))
-    rate = t.mean_rate  # what was replayed (the draw around the --load rate), as `plan --trace` reads it
-    traffic = Traffic(rate, mix_classes(t.input_tokens, t.output_tokens), 1.0, f"trace {trace.name}")
-    lone = per_replica(model, traffic, 1, 0, 1.0, rate=0.0).e2e
-    target = args.slo_e2e_ms / 1e3 if args.slo_e2e_ms else round(2 * lone, 1)
-    plan = plan_capacity(model, traffic, Slo(e2e=target), [0], max_replicas=8)
-    text = render(plan, 1.0)
-    predicted = {n: per_replica(model, traffic, n, 0, 1.0).e2e for n in (1, 2)}
-    measured = {1: runs["ray-1x1"]["e2e_s"]["mean"],
-                2: min(runs["ray-2x1-pow2"]["e2e_s"]["mean"], runs["ray-2x1-lat"]["e2e_s"]["mean"])}
-    meets = [n for n in (1, 2) if measured[n] is not None and measured[n] <= target]
-    check = {"slo_e2e_s": target, "lone_e2e_s": lone, "trace_rate_rps": rate, "predicted_replicas": plan.dense.replicas,
-             "measured_replicas": meets[0] if meets else ">2", "predicted_e2e_s": predicted, "measured_e2e_s": measured}
-    lines = [f"Planner check: mean-E2E SLO {target:g} s (twice a lone request's {lone:.3g} s unless given), "
-             f"trace rate {rate:.3g} req/s.",
-             "| replicas | predicted mean E2E s | measured mean E2E s (best router) | meets SLO (pred / meas) |",
-             "|---|---|---|---|"]
-    for n in (1, 2):
-        p, m = predicted[n], measured[n]
-        lines.append(f"| {n} | {p:.3g} | {'-' if m is None else f'{m:.3g}'} | "
-                     f"{'yes' if p <= target else 'no'} / {'-' if m is None else ('yes' if m <= target else 'no')} |")
-    lines.append(f"Planner: {check['predicted_replicas']} replica(s); measured: {check['measured_replicas']}.")
-    return text, dict(check, table="\n".join(lines))
+    lines = ["| load | rate req/s | SLO mean E2E s | predicted 1 / 2 replicas s | measured 1 / 2 replicas s | "
+             "error 1 / 2 | planner replicas | measured replicas |", "|---|---|---|---|---|---|---|---|"]
+    checks = []
+    for load, trace in traces.items():
+        t = load_trace(str(trace))
+        traffic = Traffic(t.mean_rate, mix_classes(t.input_tokens, t.output_tokens), 1.0, f"trace {trace.name}")
+        lone = per_replica(model, traffic, 1, 0, 1.0, rate=0.0).e2e
+        target = args.slo_e2e_ms / 1e3 if args.slo_e2e_ms else round(2 * lone, 2)
+        plan = plan_capacity(model, traffic, Slo(e2e=target), [0], max_replicas=8)
+        (out / f"plan-{load:g}.txt").write_text(render(plan, 1.0) + "\n")
+        predicted = {n: per_replica(model, traffic, n, 0, 1.0).e2e for n in (1, 2)}
+        measured = {1: e2e[("ray-1x1", load)]["median"],
+                    2: min(e2e[(c, load)]["median"] for c in ("ray-2x1-pow2", "ray-2x1-latency"))}
+        meets = [n for n in (1, 2) if measured[n] <= target]
+        error = {n: predicted[n] / measured[n] - 1 if np.isfinite(predicted[n]) else None for n in (1, 2)}
+        planned = plan.dense.replicas if plan.dense else None
+        check = {"load": load, "rate_rps": t.mean_rate, "slo_e2e_s": target, "lone_e2e_s": lone,
+                 "predicted_e2e_s": predicted, "measured_e2e_s": measured, "error": error,
+                 "predicted_replicas": planned, "measured_replicas": meets[0] if meets else ">2",
+                 "beyond_fit": {n: plan.beyond_fit(n, 0) for n in (1, 2)}}
+        checks.append(check)
+
+        def pred(n):
+            return ("saturated" if not np.isfinite(predicted[n]) else f"{predicted[n]:.3g}") + \
+                (" ?" if check["beyond_fit"][n] else "")
+        err = " / ".join("-" if error[n] is None else f"{error[n]:+.0%}" for n in (1, 2))
+        lines.append(f"| {load:g} | {t.mean_rate:.3g} | {target:g} | {pred(1)} / {pred(2)} | {measured[1]:.3g} / "
+                     f"{measured[2]:.3g} | {err} | {planned or '> 8'} | {check['measured_replicas']} |")
+    lines.append("(? : past the fitted runs' highest rate; the planner does not choose such a count.)")
+    return lines, checks
+
+
+def cpu_name() -> str:
+    name = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                 if line.startswith("model name")), platform.processor())
+    flags = Path("/proc/cpuinfo").read_text()
+    isa = "AVX-512" if " avx512f" in flags else ("AVX2" if " avx2" in flags else "no AVX2")
+    return f"{name}, {isa}"
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--threads", type=int, default=1, help="threads per replica (default 1)")
-    p.add_argument("--dtype", default="float32",
-                   help="float32 (default): CPUs without AVX512-BF16 (as the AMD EPYC this first ran on) emulate "
-                        "bfloat16 at a few tokens/s")
-    p.add_argument("--requests", type=int, default=100, help="requests in the trace (default 100)")
-    p.add_argument("--load", type=float, default=0.7,
-                   help="trace rate as a fraction of one replica's saturation 1/C2 by the fit (default 0.7)")
-    p.add_argument("--fit-loads", type=lambda s: [float(x) for x in s.split(",")], default=[0.1, 0.2, 0.3],
-                   help="fit runs' rates, fractions of the burst's rate (a skewed mix saturates well below it)")
-    p.add_argument("--fit-requests", type=int, default=48)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--requests", type=int, default=120, help="requests in each trace (default 120)")
+    floats = (lambda text: [float(x) for x in text.split(",")])
+    p.add_argument("--loads", type=floats, default=[0.5, 0.8, 1.1],
+                   help="trace rates, fractions of one replica's burst-measured saturation (default 0.5,0.8,1.1)")
+    p.add_argument("--fit-loads", type=floats, default=[0.2, 0.4, 0.6, 0.8, 1.0],
+                   help="fit runs' rates, fractions of the same (default: up to the highest load asked about)")
+    p.add_argument("--fit-requests", type=int, default=80)
     p.add_argument("--saturation-requests", type=int, default=64, help="burst size (default 64 = max_num_seqs)")
     p.add_argument("--input-len", type=int, default=64)
     p.add_argument("--short", type=int, default=8, help="output tokens of most requests")
@@ -167,65 +210,111 @@ def main() -> int:
     p.add_argument("--long-share", type=float, default=0.2)
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--dataset", default="spec-bench")
+    p.add_argument("--spec", action="store_true", help="also the default speculation (single-sd, ray-2x1-pow2-sd)")
+    p.add_argument("--configs", type=lambda text: text.split(","), default=None,
+                   help=f"only these configurations (default: {','.join(CONFIGS)}, and with --spec "
+                        f"{','.join(SPEC_CONFIGS)}); the planner check needs ray-1x1 and both 2x1 routers")
     p.add_argument("--slo-e2e-ms", type=float, help="the planner's mean-E2E SLO (default: 2x a lone request)")
     p.add_argument("--server-arg", action="append", default=[], help="extra `specserve serve` flag (repeat)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--note", default="shared 2-core machine: other jobs ran during the measurement",
-                   help="stated with the results (e.g. 'idle machine')")
+    p.add_argument("--note", default="idle machine", help="stated with the results (e.g. 'shared machine')")
     p.add_argument("--out", default="bench/results/scaleout")
     args = p.parse_args()
 
+    configs = args.configs or list(CONFIGS) + (list(SPEC_CONFIGS) if args.spec else [])
+    unknown = set(configs) - set(CONFIGS) - set(SPEC_CONFIGS)
+    if unknown:
+        p.error(f"unknown configurations {sorted(unknown)} (known: {', '.join([*CONFIGS, *SPEC_CONFIGS])})")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    results, logs = out / "runs.jsonl", out / "logs"
     for old in out.glob("*.jsonl"):  # one measurement per folder: runs of an earlier one would be fitted too
         old.unlink()
-    rng = np.random.default_rng(args.seed)
-    lengths_trace = out / "lengths.csv"
-    write_trace(lengths_trace, 1000, 1.0, args, rng)  # the mix only; fit runs draw rows from it
-    model_dir = resolve(args.model)
-    opts = RunOptions(progress=False, tokenizer=load_tokenizer(str(model_dir)), max_model_len=args.max_model_len)
+    results = out / "runs.jsonl"
+    opts = RunOptions(progress=False, tokenizer=load_tokenizer(str(resolve(args.model))),
+                      max_model_len=args.max_model_len)
     started = time.time()
-    runs: dict[str, dict] = {}
+    print("fit: one Ray replica's saturation and Poisson runs below it", flush=True)
+    sat, model_json = fit_phase(args, out, opts)
+    rng = np.random.default_rng(args.seed + 100)
+    traces, rates = {}, {}
+    for load in args.loads:
+        traces[load] = out / f"trace-{load:g}.csv"
+        write_trace(traces[load], args.requests, load * sat, args, rng)
+        rates[load] = load_trace(str(traces[load])).mean_rate  # what is replayed: a draw around load x sat
+    runs: dict[tuple[str, float], list[dict]] = {}
+    saturation: dict[str, list[float]] = {c: [] for c in SATURATION_CONFIGS if c in configs}
+    for rep in range(args.repeats):
+        order = configs[rep % len(configs):] + configs[:rep % len(configs)]
+        for label in order:
+            replicas, _, spec = {**CONFIGS, **SPEC_CONFIGS}[label]
+            print(f"repeat {rep + 1}/{args.repeats}: {label}", flush=True)
+            server = ReplicaServer(server_args(args, label, model_json), out / "logs" / f"{label}-{rep + 1}.log")
+            try:
+                if replicas:
+                    server.wait_healthy(replicas)
+                target = Target(server.root, label=label, k=None if spec else 0, server_config={"replicas": replicas or 0})
+                loads = args.loads[rep % len(args.loads):] + args.loads[:rep % len(args.loads)]
+                for load in loads:
+                    replay = WorkloadSpec(trace=str(traces[load]), dataset=args.dataset, max_requests=args.requests,
+                                          seed=args.seed)
+                    runs.setdefault((label, load), []).append(
+                        asyncio.run(measure(target, replay, opts, results, load=load, repeat=rep + 1)))
+                if label in saturation:
+                    n = args.saturation_requests * (replicas or 1)
+                    saturation[label].append(asyncio.run(measure_saturation(target, burst_spec(args), opts, n)))
+                    print(f"  saturation {saturation[label][-1]:.3f} req/s ({n} at once)", flush=True)
+            finally:
+                server.stop()
 
-    print("ray-1x1: saturation, fit runs, then the trace", flush=True)
-    server = ReplicaServer(server_args(args, 1), logs / "ray-1x1.log")
-    try:
-        sat, model_json = fit_phase(args, server, results, lengths_trace, opts)
-        rate = args.load * sat  # one replica at λ·C2 = --load by the fit (or of the burst's rate, if lower)
-        trace = out / "trace.csv"
-        write_trace(trace, args.requests, rate, args, rng)
-        replay = WorkloadSpec(trace=str(trace), dataset=args.dataset, max_requests=args.requests, seed=args.seed)
-        runs["ray-1x1"] = asyncio.run(measure(Target(server.root, label="ray-1x1", k=0), replay, opts, results))
-    finally:
-        server.stop()
-    for label, replicas, router, model in (("single", None, "-", None), ("ray-2x1-pow2", 2, "pow2", None),
-                                           ("ray-2x1-lat", 2, "latency", model_json)):
-        print(label, flush=True)
-        server = ReplicaServer(server_args(args, replicas, router, model), logs / f"{label}.log")
-        try:
-            if replicas:
-                server.wait_healthy(replicas)
-            runs[label] = asyncio.run(measure(Target(server.root, label=label, k=0), replay, opts, results))
-        finally:
-            server.stop()
+    e2e = {key: spread([r["e2e_s"]["mean"] for r in rs]) for key, rs in runs.items()}
+    ttft = {key: spread([r["ttft_s"]["mean"] for r in rs]) for key, rs in runs.items()}
+    p99 = {key: spread([r["e2e_s"].get("p99") for r in rs]) for key, rs in runs.items()}
+    failed = {key: sum(r["num_failed"] for r in rs) for key, rs in runs.items()}
 
-    table = [row("single process", "1 x 1", "-", runs["single"]), row("Ray Serve", "1 x 1", "-", runs["ray-1x1"]),
-             row("Ray Serve", "2 x 1", "pow2", runs["ray-2x1-pow2"]),
-             row("Ray Serve", "2 x 1", "latency", runs["ray-2x1-lat"])]
-    plan_text, check = planner_check(args, model_json, trace, runs)
-    (out / "plan.txt").write_text(plan_text + "\n")
+    def ratio(a: str, b: str, metric: str, load: float) -> dict:  # paired within each repeat
+        return spread([x[metric]["mean"] / y[metric]["mean"] for x, y in zip(runs[(a, load)], runs[(b, load)])])
+
+    table = ["| configuration | load | rate req/s | mean E2E s | p99 E2E s | mean TTFT s | failed |",
+             "|---|---|---|---|---|---|---|"]
+    for label in configs:
+        for load in args.loads:
+            key = (label, load)
+            table.append(f"| {label} | {load:g} | {rates[load]:.3g} | {fmt(e2e[key])} | {fmt(p99[key])} | "
+                         f"{fmt(ttft[key])} | {failed[key]} |")
+    goals = ["| ratio (paired per repeat; median [range]) | " + " | ".join(f"load {x:g}" for x in args.loads) + " |",
+             "|---|" + "---|" * len(args.loads)]
+    for name, a, b, metric in (("ray-1x1 / single, mean E2E", "ray-1x1", "single", "e2e_s"),
+                               ("ray-1x1 / single, mean TTFT", "ray-1x1", "single", "ttft_s"),
+                               ("ray-1x1-proxy / single, mean E2E", "ray-1x1-proxy", "single", "e2e_s"),
+                               ("ray-1x1-proxy / single, mean TTFT", "ray-1x1-proxy", "single", "ttft_s"),
+                               ("latency / pow2 (2 replicas), mean E2E", "ray-2x1-latency", "ray-2x1-pow2", "e2e_s")) + (
+            (("sd / plain, single, mean E2E", "single-sd", "single", "e2e_s"),
+             ("sd / plain, 2 replicas pow2, mean E2E", "ray-2x1-pow2-sd", "ray-2x1-pow2", "e2e_s")) if args.spec else ()):
+        if a in configs and b in configs:
+            goals.append(f"| {name} | " + " | ".join(fmt(ratio(a, b, metric, x)) for x in args.loads) + " |")
+    if len(saturation) == 2:
+        sat_ratio = spread([b / a for a, b in zip(saturation["ray-1x1"], saturation["ray-2x1-pow2"])])
+        goals.append(f"\nSaturation (burst of {args.saturation_requests} per replica): 1 replica "
+                     f"{fmt(spread(saturation['ray-1x1']), ' req/s')}, 2 replicas "
+                     f"{fmt(spread(saturation['ray-2x1-pow2']), ' req/s')}; 2 / 1 = {fmt(sat_ratio)}.")
+    planner, checks = (planner_check(args, model_json, traces, e2e, out)
+                       if {"ray-1x1", "ray-2x1-pow2", "ray-2x1-latency"} <= set(configs) else (["(not run)"], []))
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     mix = f"{1 - args.long_share:.0%} x {args.short} and {args.long_share:.0%} x {args.long} output tokens"
-    header = (f"Model {args.model} {args.dtype}, plain decoding, {args.threads} thread(s) per replica; trace: {args.requests} "
-              f"Poisson arrivals at {rate:.3g} req/s ({args.load:g} x one replica's saturation {sat:.3g} req/s: the lower of "
-              f"the fit's 1/C2 and the burst's rate), "
-              f"{args.input_len}-token prompts, {mix}. {args.note}. "
-              f"Command: {' '.join([Path(sys.argv[0]).as_posix()] + sys.argv[1:])}; "
+    header = (f"Model {args.model} {args.dtype}, {args.threads} thread(s) per replica; CPU {cpu_name()}, "
+              f"{len(os.sched_getaffinity(0))} cores; {args.note}. Traces: {args.requests} Poisson "
+              f"arrivals at {', '.join(f'{x:g}' for x in args.loads)} x one replica's burst saturation {sat:.3g} req/s, "
+              f"{args.input_len}-token prompts, {mix}; {args.repeats} repeats, configurations in a rotated order. "
+              f"Commit {commit}. Command: {' '.join([Path(sys.argv[0]).as_posix()] + sys.argv[1:])}; "
               f"{(time.time() - started) / 60:.1f} min.")
-    summary = "\n\n".join([header, markdown(table), check.pop("table"), "```\n" + plan_text + "\n```"])
+    summary = "\n\n".join([header, "\n".join(table), "\n".join(goals), "Planner against measurement:\n\n"
+                            + "\n".join(planner)])
     (out / "summary.md").write_text(summary + "\n")
     (out / "summary.json").write_text(json.dumps(model_file.finite_json({
-        "header": header, "rows": table, "planner": check, "saturation_rps": sat, "rate_rps": rate}), indent=1) + "\n")
+        "header": header, "saturation_rps": sat, "saturation_by_config": saturation,
+        "runs": {f"{c}@{x:g}": {"e2e_s": e2e[(c, x)], "ttft_s": ttft[(c, x)], "p99_e2e_s": p99[(c, x)],
+                                "failed": failed[(c, x)]} for c, x in runs},
+        "planner": checks}), indent=1) + "\n")
     print(summary)
     return 0
 

@@ -9,6 +9,9 @@ where the fit has them, p95/p99) E2E, TTFT and TPOT at λ/N for the traffic's le
 
 The answer is the smallest N whose every SLO metric holds, per candidate draft length k; plus what one
 replica sustains within the SLO and the break-even load per replica above which speculation stops paying.
+A count whose per-replica rate is past what the fitted runs reached (more than FIT_MARGIN above it) is
+never the answer: the load term there is an extrapolation (a fit at 10-30 % of saturation once predicted
+a fifth of the latency measured at 75 %), so the planner asks for more replicas, or a fit at that load.
 """
 from __future__ import annotations
 
@@ -71,6 +74,13 @@ class Traffic:
     source: str = ""
 
 
+FIT_MARGIN = 1.1  # how far past the fitted runs' highest rate a per-replica rate may go and still be trusted
+
+
+def beyond_fit(rate_per_replica: float, fitted_rate: float) -> bool:
+    return rate_per_replica > FIT_MARGIN * fitted_rate
+
+
 def split_cv(cv: float, replicas: int) -> float:
     """Gap CV each of `replicas` sees when a renewal stream of gap CV `cv` is split at random."""
     return math.sqrt(max(1.0 + (cv * cv - 1.0) / replicas, 0.0))
@@ -93,7 +103,7 @@ def replicas_needed(model: LatencyModel, traffic: Traffic, slo: Slo, k: int, exp
         return None, None  # a lone request already misses it: no number of replicas helps
     for n in range(1, max_replicas + 1):
         pred = per_replica(model, traffic, n, k, expected)
-        if math.isfinite(pred.e2e) and slo.met(pred):
+        if math.isfinite(pred.e2e) and slo.met(pred) and not beyond_fit(traffic.rate / n, model.fitted_rate(k)):
             return n, pred
     return None, None
 
@@ -135,6 +145,11 @@ class CapacityPlan:
     options: list[Option]
     not_ranked: list[int]
     by_count: list[tuple[int, dict[int, Prediction]]] = field(default_factory=list)  # N -> {k: per replica}
+    fitted_rates: dict[int, float] = field(default_factory=dict)  # k -> the fitted runs' highest rate
+
+    def beyond_fit(self, replicas: int, k: int) -> bool:
+        """Whether `replicas` replicas each take more than the fitted runs of k reached."""
+        return beyond_fit(self.traffic.rate / replicas, self.fitted_rates.get(k, math.inf))
 
     @property
     def best(self) -> Option | None:
@@ -164,7 +179,7 @@ def plan_capacity(model: LatencyModel, traffic: Traffic, slo: Slo, ks: Sequence[
         n, pred = replicas_needed(model, traffic, slo, k, e, max_replicas)
         capacity = capacity_per_replica(model, traffic, slo, k, e, n or max_replicas)
         options.append(Option(k, e, n, pred, capacity, break_even_for(model, k, e) if k > 0 else None))
-    plan = CapacityPlan(traffic, slo, options, not_ranked)
+    plan = CapacityPlan(traffic, slo, options, not_ranked, fitted_rates={k: model.fitted_rate(k) for k in expected})
     # The table by replica count: every count up to one past the best answer, and each option's own answer.
     needed = {o.replicas for o in options if o.replicas is not None}
     best = plan.best.replicas if plan.best else min(max_replicas, 8)

@@ -75,7 +75,9 @@ def to_json(plan: CapacityPlan, cv: float) -> dict:
         "by_replica_count": [{"replicas": n, "per_replica_rate": plan.traffic.rate / n,
                               "e2e_s_by_k": {k: p.e2e for k, p in preds.items()},
                               "meets_slo_by_k": {k: plan.slo.met(p) if math.isfinite(p.e2e) else False
-                                                 for k, p in preds.items()}} for n, preds in plan.by_count]})
+                                                 for k, p in preds.items()},
+                              "beyond_fit_by_k": {k: plan.beyond_fit(n, k) for k in preds}}
+                             for n, preds in plan.by_count]})
 
 
 def _label(o: Option) -> str:
@@ -112,14 +114,16 @@ def render(plan: CapacityPlan, cv: float) -> str:
         lines.append(f"-> {best.replicas} replica(s) with {_label(best)}" + (f" ({'; '.join(alt)})" if alt else ""))
     if plan.by_count:
         ks = [o.k for o in plan.options]
-        lines.append("mean E2E per replica count (* meets the SLO):")
+        lines.append("mean E2E per replica count (* meets the SLO; ? past the fitted runs' highest rate, "
+                     "so not chosen):")
         lines.append(f"{'replicas':>8s} {'req/s each':>10s} " + " ".join(f"{_label(o):>14s}" for o in plan.options))
         for n, preds in plan.by_count:
             cells = []
             for k in ks:
                 p = preds[k]
                 ok = math.isfinite(p.e2e) and plan.slo.met(p)
-                cells.append(f"{(seconds(p.e2e) if math.isfinite(p.e2e) else 'saturated') + (' *' if ok else '  '):>14s}")
+                mark = " ?" if plan.beyond_fit(n, k) else (" *" if ok else "  ")
+                cells.append(f"{(seconds(p.e2e) if math.isfinite(p.e2e) else 'saturated') + mark:>14s}")
             lines.append(f"{n:8d} {t.rate / n:10.3g} " + " ".join(cells))
     for o in plan.options:
         b = o.break_even

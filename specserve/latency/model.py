@@ -104,6 +104,12 @@ class LatencyModel:
         latency = latency_of(split, rate, moe, k, self._cv(cv), self._mix(lifetimes))
         return split.full if math.isinf(latency) else split.at(moe.coverage(routed_tokens(rate * latency, k + 1)))
 
+    def fitted_rate(self, k: int) -> float:
+        """The highest rate the fitted runs of draft length k reached (of any k where none ran at k): past
+        it a prediction extrapolates the load term."""
+        same = [c.rate_range[1] for c in self.configurations if c.k == k]
+        return max(same or [c.rate_range[1] for c in self.configurations] or [math.inf])
+
     def saturation_rate(self, k: int, expected: float, g: float | None = None, p: float | None = None) -> float:
         """1/C2, with C2 at full expert coverage for MoE (where a growing queue ends up)."""
         return self._split(k, expected, g or self.output_tokens,

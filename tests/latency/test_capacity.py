@@ -7,8 +7,9 @@ import pytest
 from specserve.cli import main
 from specserve.errors import SpecServeError
 from specserve.latency import model_file
-from specserve.latency.capacity import (Slo, Traffic, capacity_per_replica, per_replica, plan_capacity,
-                                        replicas_needed, split_cv)
+from specserve.latency.capacity import (FIT_MARGIN, Slo, Traffic, capacity_per_replica, per_replica,
+                                        plan_capacity, replicas_needed, split_cv)
+from specserve.latency.capacity_report import render
 from specserve.latency.lengths import LengthClass
 
 
@@ -32,16 +33,33 @@ def test_split_cv_of_a_random_split():
 
 def test_dense_replicas_match_the_closed_form(model):
     """Poisson, the fitted lengths, a mean-E2E SLO T: one replica takes (1 − C1/T)/C2 (formulas.py), so N
-    replicas are needed for λ exactly when λ/N is at most that."""
+    replicas are needed for λ exactly when λ/N is at most that (an SLO whose most is within the fitted rates)."""
     d = model.demands(0, 1.0)
-    target = 3 * d.c1
+    target = d.c1 / (1 - 0.9 * model.fitted_rate(0) * d.c2)
     most = (1 - d.c1 / target) / d.c2
+    assert most == pytest.approx(0.9 * model.fitted_rate(0))
     slo = Slo(e2e=target)
     for rate in (0.5 * most, 1.01 * most, 3.7 * most):
         n, pred = replicas_needed(model, Traffic(rate, cv=1.0), slo, 0, 1.0, 64)
         assert n == math.ceil(rate / most), (rate, most, n)
         assert pred.e2e <= target and pred.rate == pytest.approx(rate / n)
     assert capacity_per_replica(model, Traffic(1.0, cv=1.0), slo, 0, 1.0, 1) == pytest.approx(most, rel=1e-6)
+
+
+def test_no_count_is_chosen_past_the_fitted_rates(model):
+    """A loose SLO that the model says one replica meets far past its fitted runs' highest rate: the
+    planner does not extrapolate there; it takes the count that keeps each replica within the fit (x 1.1)
+    and marks the others."""
+    d = model.demands(0, 1.0)
+    fitted = model.fitted_rate(0)
+    slo = Slo(e2e=1000 * d.c1)
+    rate = 2.5 * fitted
+    assert slo.met(per_replica(model, Traffic(rate, cv=1.0), 1, 0, 1.0))  # what extrapolation would answer: 1
+    n, pred = replicas_needed(model, Traffic(rate, cv=1.0), slo, 0, 1.0, 64)
+    assert n == math.ceil(rate / (FIT_MARGIN * fitted)) and pred.rate <= FIT_MARGIN * fitted
+    plan = plan_capacity(model, Traffic(rate, cv=1.0), slo, [0])
+    assert [m for m, _ in plan.by_count if plan.beyond_fit(m, 0)] == list(range(1, n))
+    assert "? past the fitted runs' highest rate" in render(plan, 1.0)
 
 
 def test_a_lone_request_missing_the_slo_needs_no_replica_count(model):
