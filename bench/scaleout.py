@@ -14,8 +14,9 @@ at --loads x S, arrival for arrival:
     ray-2x1-latency    `--replicas 2`, the latency-aware router with the fitted model
     (--spec adds single-sd and ray-2x1-pow2-sd: the default speculation, the shipped drafts, adaptive)
 
-ray-1x1 and ray-2x1-pow2 also take a saturation burst of --saturation-requests each repeat (2 replicas'
-throughput against one's). The fitted model plans replicas for each trace (`specserve latency plan
+Every server first takes two bursts of --saturation-requests per replica: the first warms it up (a fresh
+server runs its first requests far slower), the second measures its saturation (for ray-1x1 and
+ray-2x1-pow2: 2 replicas' throughput against one's). The fitted model plans replicas for each trace (`specserve latency plan
 --replicas`, a mean-E2E SLO, by default twice a lone request's), set beside what was measured.
 
     python bench/scaleout.py [--repeats 3] [--loads 0.5,0.8,1.1] [--spec] [--out bench/results/scaleout]
@@ -108,12 +109,22 @@ def burst_spec(args) -> WorkloadSpec:
     return WorkloadSpec(input_len=args.input_len, output_len=mean_output(args), dataset=args.dataset, seed=args.seed)
 
 
+def warm_saturation(target: Target, args, opts: RunOptions, replicas: int) -> float:
+    """Saturation rate of a fresh server, measured by a second burst: the first (warm-up) runs far slower
+    (a fresh replica measured 6.5 req/s where its second burst ran at 13.6), and so would the first run."""
+    n = args.saturation_requests * replicas
+    cold = asyncio.run(measure_saturation(target, burst_spec(args), opts, n))
+    warm = asyncio.run(measure_saturation(target, burst_spec(args), opts, n))
+    print(f"  [{target.label}] bursts of {n}: {cold:.3f} req/s cold, {warm:.3f} warm", flush=True)
+    return warm
+
+
 def fit_phase(args, out: Path, opts: RunOptions) -> tuple[float, Path]:
     """One replica's saturation rate (burst) and a model fitted on Poisson runs up to --fit-loads of it."""
     server = ReplicaServer(server_args(args, "ray-1x1", None), out / "logs" / "fit.log")
     try:
         target = Target(base_url=server.root, label="fit-1x1", k=0, server_config={"replicas": 1, "k": 0})
-        sat = asyncio.run(measure_saturation(target, burst_spec(args), opts, args.saturation_requests))
+        sat = warm_saturation(target, args, opts, 1)
         print(f"  one replica saturates at {sat:.3f} req/s ({args.saturation_requests} requests of "
               f"{mean_output(args)} tokens at once)", flush=True)
         lengths = out / "lengths.csv"
@@ -196,7 +207,7 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=1, help="threads per replica (default 1)")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--requests", type=int, default=120, help="requests in each trace (default 120)")
+    p.add_argument("--requests", type=int, default=200, help="requests in each trace (default 200)")
     floats = (lambda text: [float(x) for x in text.split(",")])
     p.add_argument("--loads", type=floats, default=[0.5, 0.8, 1.1],
                    help="trace rates, fractions of one replica's burst-measured saturation (default 0.5,0.8,1.1)")
@@ -253,16 +264,16 @@ def main() -> int:
                 if replicas:
                     server.wait_healthy(replicas)
                 target = Target(server.root, label=label, k=None if spec else 0, server_config={"replicas": replicas or 0})
+                rate = warm_saturation(target, args, opts, replicas or 1)  # also warms every server up
+                if label in saturation:
+                    saturation[label].append(rate)
+                    print(f"  saturation {rate:.3f} req/s", flush=True)
                 loads = args.loads[rep % len(args.loads):] + args.loads[:rep % len(args.loads)]
                 for load in loads:
                     replay = WorkloadSpec(trace=str(traces[load]), dataset=args.dataset, max_requests=args.requests,
                                           seed=args.seed)
                     runs.setdefault((label, load), []).append(
                         asyncio.run(measure(target, replay, opts, results, load=load, repeat=rep + 1)))
-                if label in saturation:
-                    n = args.saturation_requests * (replicas or 1)
-                    saturation[label].append(asyncio.run(measure_saturation(target, burst_spec(args), opts, n)))
-                    print(f"  saturation {saturation[label][-1]:.3f} req/s ({n} at once)", flush=True)
             finally:
                 server.stop()
 
