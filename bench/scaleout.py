@@ -14,9 +14,9 @@ at --loads x S, arrival for arrival:
     ray-2x1-latency    `--replicas 2`, the latency-aware router with the fitted model
     (--spec adds single-sd and ray-2x1-pow2-sd: the default speculation, the shipped drafts, adaptive)
 
-Every server first takes two bursts of --saturation-requests per replica: the first warms it up (a fresh
-server runs its first requests far slower), the second measures its saturation (for ray-1x1 and
-ray-2x1-pow2: 2 replicas' throughput against one's). The fitted model plans replicas for each trace (`specserve latency plan
+Every server first takes two bursts of --saturation-requests per replica: the first warms it up, the
+second measures its saturation (for ray-1x1 and ray-2x1-pow2: 2 replicas' throughput against one's).
+The servers run without prefix caching (see the prompt seeds below). The fitted model plans replicas for each trace (`specserve latency plan
 --replicas`, a mean-E2E SLO, by default twice a lone request's), set beside what was measured.
 
     python bench/scaleout.py [--repeats 3] [--loads 0.5,0.8,1.1] [--spec] [--out bench/results/scaleout]
@@ -105,8 +105,8 @@ async def measure(target: Target, spec: WorkloadSpec, opts: RunOptions, results:
 
 
 # Prompt seeds: every run sends prompts of its own (the same ones in every configuration). The data set's
-# 480 prompts still overlap between runs, so the servers run without prefix caching: a trace replayed on
-# a server whose cache held its prompts once ran at 1.6x the rate of its first replay, at half the latency.
+# 480 prompts still overlap between runs, so the servers run without prefix caching: a burst that found
+# its prompts cached from the previous one ran at twice the rate, and a replayed trace at half the latency.
 FIT_SEED, COLD_SEED, WARM_SEED, TRACE_SEED = 1, 1000, 2000, 3000
 
 
@@ -118,8 +118,7 @@ def burst_spec(args, seed: int) -> WorkloadSpec:
 
 
 def warm_saturation(target: Target, args, opts: RunOptions, replicas: int) -> float:
-    """Saturation rate of a fresh server, measured by a second burst: the first (warm-up) runs far slower
-    (a fresh replica measured 6.5 req/s where its second burst ran at 13.6), and so would the first run."""
+    """Saturation rate of a fresh server, measured by a second burst after a first that warms it up."""
     n = args.saturation_requests * replicas
     cold = asyncio.run(measure_saturation(target, burst_spec(args, COLD_SEED), opts, n))
     warm = asyncio.run(measure_saturation(target, burst_spec(args, WARM_SEED), opts, n))
@@ -217,10 +216,9 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--requests", type=int, default=160, help="requests in each trace (default 160)")
     floats = (lambda text: [float(x) for x in text.split(",")])
-    p.add_argument("--loads", type=floats, default=[0.3, 0.45, 0.6],
-                   help="trace rates, fractions of one replica's burst-measured saturation S (default 0.3,0.45,0.6; "
-                        "Poisson arrivals of this mix saturate one replica near 0.48 S, a burst batches far better)")
-    p.add_argument("--fit-loads", type=floats, default=[0.15, 0.25, 0.35, 0.45, 0.55],
+    p.add_argument("--loads", type=floats, default=[0.5, 0.8, 1.1],
+                   help="trace rates, fractions of one replica's burst-measured saturation S (default 0.5,0.8,1.1)")
+    p.add_argument("--fit-loads", type=floats, default=[0.2, 0.4, 0.6, 0.8, 1.0],
                    help="fit runs' rates, fractions of S (default: up to the loads asked about; runs past "
                         "saturation are left out by the fit)")
     p.add_argument("--fit-requests", type=int, default=80)
