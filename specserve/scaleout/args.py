@@ -9,16 +9,16 @@ def add_scaleout_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--replicas", type=int, default=None, metavar="N",
                    help="run N engine replicas as Ray Serve deployments behind this one endpoint, each with "
                         "--num-threads threads (default: one engine in this process, no Ray)")
-    g.add_argument("--router", choices=("latency", "pow2"), default="latency",
-                   help="latency: the replica with the lowest predicted latency for this request (its fitted "
-                        "coefficients, in-flight requests and the request's lengths); pow2: Ray's power of "
-                        "two choices (default latency)")
+    g.add_argument("--router", choices=("pow2", "latency"), default="pow2",
+                   help="pow2: Ray's power of two choices; latency: the replica with the lowest predicted latency "
+                        "for this request (its fitted coefficients, in-flight requests and the request's "
+                        "lengths) (default pow2)")
     g.add_argument("--front", choices=("process", "ray"), default="process",
                    help="who answers HTTP: process (this process, calling the replicas through a Ray handle: "
                         "one hop) or ray (Ray Serve's HTTP proxy and an ingress deployment: two hops, what a "
                         "Serve config file deploys) (default process)")
     g.add_argument("--latency-model", metavar="MODEL.json", default=None,
-                   help="fitted coefficients (`specserve latency fit`) the latency router predicts with "
+                   help="fitted coefficients (`specserve latency fit`) for --router latency "
                         "(default: none; it then balances in-flight work by length)")
     g.add_argument("--session-field", default=None, metavar="FIELDS",
                    help="request fields that keep a chat on one replica, comma separated, 'none' to turn off "
