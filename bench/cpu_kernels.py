@@ -31,7 +31,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -39,6 +38,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from specserve.benchmark.machine import cpu_model
 
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "lm_head": (49152, 576)}
 ROWS = [1, 2, 4, 5, 8, 9, 16, 32, 64]
@@ -298,8 +299,7 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     label = args.label or f"{datetime.date.today()}-{args.threads}t"
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
+    cpu = cpu_model()
     flags = Path("/proc/cpuinfo").read_text()
     header = (f"# CPU kernels ({label})\n\n`python bench/cpu_kernels.py {' '.join(os.sys.argv[1:])}`: {cpu}, "
               f"{os.cpu_count()} CPUs, {args.threads} threads, torch {torch.__version__}, AVX512-BF16 "

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 from pathlib import Path
 
 import torch
+
+from specserve.benchmark.machine import cpu_model
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMAS = ROOT / "bench" / "data" / "jsonschemabench" / "glaive40.jsonl"
@@ -109,8 +110,7 @@ def main() -> None:
     rows = [json.loads(line) for line in SCHEMAS.read_text().splitlines()]
     # The instance as a model writes it (", " and ": "), each engine's default JSON whitespace allows it.
     cases = [(r["schema"], tokenizer.encode(json.dumps(r["example"]), add_special_tokens=False)) for r in rows]
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
+    cpu = cpu_model()
     report = {"cpu": cpu, "model": args.model, "vocab_size": vocab,
               "schemas": len(cases), "backends": {}}
     print(f"{len(cases)} schemas, {sum(len(t) for _, t in cases)} instance tokens, vocabulary {vocab}")

@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import datetime
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from stress import start_server  # noqa: E402
 
 from specserve.benchmark.client import RequestResult, StreamingClient, make_http_client, monotonic_clock  # noqa: E402
 from specserve.benchmark.conversations import build_conversations, execute_conversations, per_turn  # noqa: E402
+from specserve.benchmark.machine import cpu_model, git_commit
 from specserve.benchmark.prompts import load_dataset  # noqa: E402
 from specserve.benchmark.server_metrics import scrape  # noqa: E402
 
@@ -121,10 +121,8 @@ def main() -> None:
               f"{off['system_prompt'][0]['ttft_s']:.2f} / {off['system_prompt'][1]['ttft_s']:.2f} s without", ""]
     lines += [f"- {name}: {'PASS' if ok else 'MISS'}" for name, ok in checks.items()]
     print("\n".join(lines))
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), "?")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip()
+    cpu = cpu_model()
+    commit = git_commit()
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / f"{args.name}.json").write_text(json.dumps({
         "command": "python bench/prefix_caching.py " + " ".join(sys.argv[1:]), "commit": commit, "cpu": cpu,

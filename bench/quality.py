@@ -27,7 +27,6 @@ import datetime
 import json
 import math
 import os
-import platform
 import re
 import subprocess
 import sysconfig
@@ -37,6 +36,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from specserve.benchmark.machine import cpu_model
 
 RESULTS = Path(__file__).parent / "results" / "quality"
 STDLIB_FILES = ["json/decoder.py", "textwrap.py", "argparse.py", "dataclasses.py", "functools.py", "heapq.py",
@@ -174,8 +175,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     label = args.label or f"{datetime.date.today()}-{args.dtype}"
     rows, llama_rows = evaluate(args)
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
+    cpu = cpu_model()
     md = (f"# Quality of the weight paths ({label})\n\n`python bench/quality.py {' '.join(os.sys.argv[1:])}`: "
           f"{args.model}, {args.dtype} activations, {cpu}, torch {torch.__version__}.\n\n{table(rows)}\n\n"
           "Weights: " + "; ".join(dict.fromkeys(f"{r['variant']}: {r['weights']}" for r in rows)) + "\n")

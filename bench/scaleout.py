@@ -31,8 +31,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
-import subprocess
 import sys
 import time
 from dataclasses import replace
@@ -41,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from specserve.benchmark.arrivals import load_trace
+from specserve.benchmark.machine import cpu_name, git_commit
 from specserve.benchmark.prompts import load_tokenizer
 from specserve.benchmark.results import append_run
 from specserve.benchmark.runner import RunOptions, Target, run_once
@@ -122,7 +121,8 @@ def warm_saturation(target: Target, args, opts: RunOptions, replicas: int) -> fl
     n = args.saturation_requests * replicas
     cold = asyncio.run(measure_saturation(target, burst_spec(args, COLD_SEED), opts, n))
     warm = asyncio.run(measure_saturation(target, burst_spec(args, WARM_SEED), opts, n))
-    print(f"  [{target.label}] bursts of {n}: {cold:.3f} req/s cold, {warm:.3f} warm", flush=True)
+    print(f"  [{target.label}] bursts of {n} requests of {mean_output(args)} tokens: {cold:.3f} req/s cold, "
+          f"{warm:.3f} warm (its saturation)", flush=True)
     return warm
 
 
@@ -132,8 +132,6 @@ def fit_phase(args, out: Path, opts: RunOptions) -> tuple[float, Path]:
     try:
         target = Target(base_url=server.root, label="fit-1x1", k=0, server_config={"replicas": 1, "k": 0})
         sat = warm_saturation(target, args, opts, 1)
-        print(f"  one replica saturates at {sat:.3f} req/s ({args.saturation_requests} requests of "
-              f"{mean_output(args)} tokens at once)", flush=True)
         lengths = out / "lengths.csv"
         write_trace(lengths, 1000, 1.0, args, np.random.default_rng(args.seed))  # the mix; runs draw rows from it
         spec = WorkloadSpec(trace=str(lengths), dataset=args.dataset, seed=args.seed)
@@ -198,14 +196,6 @@ def planner_check(args, model_json: Path, traces: dict[float, Path], e2e: dict, 
                      f"{measured[2]:.3g} | {err} | {planned or '> 8'} | {check['measured_replicas']} |")
     lines.append("(? : past the fitted runs' highest rate; the planner does not choose such a count.)")
     return lines, checks
-
-
-def cpu_name() -> str:
-    name = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                 if line.startswith("model name")), platform.processor())
-    flags = Path("/proc/cpuinfo").read_text()
-    isa = "AVX-512" if " avx512f" in flags else ("AVX2" if " avx2" in flags else "no AVX2")
-    return f"{name}, {isa}"
 
 
 def main() -> int:
@@ -275,7 +265,6 @@ def main() -> int:
                 rate = warm_saturation(target, args, opts, replicas or 1)  # also warms every server up
                 if label in saturation:
                     saturation[label].append(rate)
-                    print(f"  saturation {rate:.3f} req/s", flush=True)
                 loads = args.loads[rep % len(args.loads):] + args.loads[:rep % len(args.loads)]
                 for load in loads:
                     replay = WorkloadSpec(trace=str(traces[load]), dataset=args.dataset, max_requests=args.requests,
@@ -318,7 +307,7 @@ def main() -> int:
                      f"{fmt(spread(saturation['ray-2x1-pow2']), ' req/s')}; 2 / 1 = {fmt(sat_ratio)}.")
     planner, checks = (planner_check(args, model_json, traces, e2e, out)
                        if {"ray-1x1", "ray-2x1-pow2", "ray-2x1-latency"} <= set(configs) else (["(not run)"], []))
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = git_commit("?")
     mix = f"{1 - args.long_share:.0%} x {args.short} and {args.long_share:.0%} x {args.long} output tokens"
     header = (f"Model {args.model} {args.dtype}, {args.threads} thread(s) per replica; CPU {cpu_name()}, "
               f"{len(os.sched_getaffinity(0))} cores; {args.note}. Traces: {args.requests} Poisson "

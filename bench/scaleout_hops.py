@@ -19,8 +19,9 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from scaleout import CONFIGS, cpu_name  # noqa: E402 - the same servers as bench/scaleout.py
+from scaleout import CONFIGS  # noqa: E402 - the same servers as bench/scaleout.py
 
+from specserve.benchmark.machine import cpu_name  # noqa: E402
 from specserve.scaleout.process import ReplicaServer  # noqa: E402
 
 LABELS = ("single", "ray-1x1", "ray-1x1-proxy")

@@ -38,6 +38,8 @@ from pathlib import Path
 
 import httpx
 
+from specserve.benchmark.machine import cpu_model, git_commit
+
 OUT = Path(__file__).parent / "results" / "stress"
 URL_RE = re.compile(r"specserve serving (http://127\.0\.0\.1:\d+)/v1")
 PROMPTS = ["Write a short story about a lighthouse keeper.", "Explain how a hash map works.",
@@ -119,10 +121,8 @@ def save(result: dict, args, code: int, log_path: Path, out_dir: Path, table) ->
     """Records what the run was (config, commit, CPU, date, the server's exit and traceback) in `result`,
     prints `table(result)`, writes out_dir/<args.name>.json and exits 0 only if every check passed."""
     log = log_path.read_text(errors="replace")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip()
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), "?")
+    commit = git_commit()
+    cpu = cpu_model()
     startup = next((line for line in log.splitlines() if "specserve serving" in line), "")
     result.update(config=vars(args), commit=commit, cpu=cpu, cpus=os.cpu_count(), server_exit_code=code,
                   server_line=startup.split("specserve: ", 1)[-1], traceback_in_log="Traceback" in log,

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from specserve.benchmark.machine import cpu_model, git_commit
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMAS = ROOT / "bench" / "data" / "jsonschemabench" / "glaive40.jsonl"
@@ -179,15 +179,6 @@ def summary(records: list[dict]) -> tuple[list[str], dict]:
     return lines, cells
 
 
-def cpu() -> str:
-    return next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                 if line.startswith("model name")), platform.processor())
-
-
-def commit() -> str:
-    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--name", required=True)
@@ -219,7 +210,7 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     out = OUT / f"{args.name}.json"
     out.write_text(json.dumps({"command": " ".join(["python", "bench/structured_output.py", *sys.argv[1:]]),
-                               "cpu": cpu(), "commit": commit(), "validity": valid,
+                               "cpu": cpu_model(), "commit": git_commit(), "validity": valid,
                                "speed": records, "table": lines, "goals": goals}, indent=1, default=str) + "\n")
     print(f"wrote {out.relative_to(ROOT)}")
     sys.exit(0 if all(goals.values()) else 1)
