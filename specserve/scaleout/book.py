@@ -36,11 +36,25 @@ class Book:
         with self._lock:
             return sorted(self._replicas)
 
-    def started(self, replica: str, request_id: str, hints: RouteHints | None, default_tokens: float) -> None:
+    def _run(self, replica: str, request_id: str, hints: RouteHints | None, default_tokens: float) -> None:
+        """Count the request in flight on `replica` alone (lock held)."""
         output = float(hints.output_tokens) if hints and hints.output_tokens else default_tokens
+        for running in self._running.values():
+            running.pop(request_id, None)
+        self._running.setdefault(replica, {})[request_id] = (
+            hints.key if hints else request_id, Running(output, time.monotonic()))
+
+    def chosen(self, replica: str, request_id: str, hints: RouteHints | None, default_tokens: float) -> None:
+        """The router ranked `replica` first for this request: count it there already, so that requests
+        routed at the same moment (a burst reaching the serving process at once) see it as company instead of
+        all taking the same replica; `started` moves it where Ray did send it. One never sent ages out of the
+        company count with its expected length (replica_choice: r tokens left)."""
         with self._lock:
-            self._running.setdefault(replica, {})[request_id] = (
-                hints.key if hints else request_id, Running(output, time.monotonic()))
+            self._run(replica, request_id, hints, default_tokens)
+
+    def started(self, replica: str, request_id: str, hints: RouteHints | None, default_tokens: float) -> None:
+        with self._lock:
+            self._run(replica, request_id, hints, default_tokens)
             self.routed[replica] += 1
             if hints is not None:
                 self._where[hints.key] = replica

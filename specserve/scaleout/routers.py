@@ -64,16 +64,22 @@ class _SpecserveRouting(RequestRouter):
                                 self.session_imbalance)
         if sticky is not None:
             ranks = [[sticky]] + [[i for i in r if i != sticky] for r in ranks]
+        if pending_request is not None and ranks and len(ranks[0]) == 1:  # a first choice Ray will take if it can
+            book.BOOK.chosen(ranks[0][0], pending_request.metadata.internal_request_id, hints,
+                             self._default_tokens(by_id[ranks[0][0]]))
         return [[by_id[i] for i in r] for r in ranks if r]
+
+    @staticmethod
+    def _default_tokens(replica: RunningReplica | None) -> float:
+        stats = (replica.routing_stats if replica is not None else None) or {}
+        return Coefficients.from_dict(stats.get("coefficients")).output_tokens if stats else UNFITTED.output_tokens
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id, result) -> None:
         hints = hints_of(pending_request)
         if hints is not None and hints.pin is not None:
             return  # a health or metrics call, not load
-        replica = self.curr_replicas.get(replica_id)
-        stats = (replica.routing_stats if replica is not None else None) or {}
-        default = Coefficients.from_dict(stats.get("coefficients")).output_tokens if stats else UNFITTED.output_tokens
-        book.BOOK.started(replica_id.unique_id, pending_request.metadata.internal_request_id, hints, default)
+        book.BOOK.started(replica_id.unique_id, pending_request.metadata.internal_request_id, hints,
+                          self._default_tokens(self.curr_replicas.get(replica_id)))
 
     def on_request_completed(self, replica_id, internal_request_id: str) -> None:
         book.BOOK.finished(replica_id.unique_id, internal_request_id)

@@ -101,3 +101,16 @@ def test_the_book_tracks_what_was_routed_and_finished():
     assert load.running[0].output_tokens == 50  # no max_tokens: the replica's reference length
     r.on_request_completed(a.replica_id, "r1")
     assert book.BOOK.in_flight() == {"a": 0}
+
+
+def test_requests_chosen_at_the_same_moment_count_each_other_before_ray_routes_them():
+    """A burst reaching the serving process at once is ranked before Ray reports any of it routed: each
+    first choice counts as company at once, so the burst spreads; Ray's actual choice then replaces it."""
+    a, b = replica("a"), replica("b")
+    r = router(LatencyAwareRouter, {"a": 0, "b": 0}, [a, b])
+    book.BOOK.set_replicas({"a": {}, "b": {}})
+    first = [rank[0] for rank in choose(r, [a, b], request(RouteHints("k1", output_tokens=10), "r1"))]
+    second = [rank[0] for rank in choose(r, [a, b], request(RouteHints("k2", output_tokens=10), "r2"))]
+    assert first[0] != second[0]
+    r.on_request_routed(request(RouteHints("k1", output_tokens=10), "r1"), ReplicaID(second[0]), None)
+    assert book.BOOK.in_flight() == {second[0]: 2, first[0]: 0} and book.BOOK.routed_counts() == {second[0]: 1}
