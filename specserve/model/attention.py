@@ -171,19 +171,21 @@ def _build_group(members, q_lens, ctx_lens, used_blocks, block_tables, starts, b
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                     v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
     """q: [T, H, D]; k, v: [T, Hkv, D] for the new tokens; k_cache, v_cache: [num_blocks, Hkv, block_size,
-    D], updated in place with the new keys/values. Returns [T, H * D].
+    D], updated in place with the new keys/values (k, v None: already written, `gpu_fused.rope_and_cache`).
+    Returns [T, H * D].
 
     The cache keeps each (block, KV head) as one contiguous [block_size, D] row, so that one gather
     yields keys already laid out [G, Hkv, Kmax, D] for the matmul, with no transposing copy."""
     num_tokens, num_heads, head_dim = q.shape
     num_blocks, num_kv_heads, block_size, _ = k_cache.shape
     per_kv = num_heads // num_kv_heads
-    if meta.write_index is None:
-        block, offset = meta.slot_mapping // block_size, meta.slot_mapping % block_size
-        heads = torch.arange(num_kv_heads, device=q.device)
-        meta.write_index = ((block[:, None] * num_kv_heads + heads) * block_size + offset[:, None]).flatten()
-    k_cache.view(-1, head_dim).index_copy_(0, meta.write_index, k.reshape(-1, head_dim))
-    v_cache.view(-1, head_dim).index_copy_(0, meta.write_index, v.reshape(-1, head_dim))
+    if k is not None:
+        if meta.write_index is None:
+            block, offset = meta.slot_mapping // block_size, meta.slot_mapping % block_size
+            heads = torch.arange(num_kv_heads, device=q.device)
+            meta.write_index = ((block[:, None] * num_kv_heads + heads) * block_size + offset[:, None]).flatten()
+        k_cache.view(-1, head_dim).index_copy_(0, meta.write_index, k.reshape(-1, head_dim))
+        v_cache.view(-1, head_dim).index_copy_(0, meta.write_index, v.reshape(-1, head_dim))
     out = q.new_empty(num_tokens, num_heads * head_dim)
     if meta.short is not None:
         short = meta.short

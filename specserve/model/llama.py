@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specserve.model import cpu_forward, kernels
+from specserve.model import cpu_forward, gpu_fused, kernels
 from specserve.model.attention import AttentionMetadata, paged_attention
 from specserve.model.config import ModelConfig
 from specserve.model.cpu_linear import KernelLinear
@@ -25,6 +25,8 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if kernels.rms_norm_supported(x, self.weight):  # the same arithmetic in one C call (CPU, no autograd)
             return kernels.rms_norm(x, self.weight, self.eps)
+        if gpu_fused.supported(x):  # one Triton kernel instead of ~5 (GPU, inference)
+            return gpu_fused.rms_norm(x, self.weight, self.eps)
         # One fused op that normalises in float32 and rounds once to x's dtype, as the reference's
         # x.float() * rsqrt(mean(x^2) + eps) then .to(dtype) does (bf16 variance loses too much precision).
         return self.weight * F.rms_norm(x, self.weight.shape, eps=self.eps)
@@ -50,7 +52,9 @@ class DecoderLayer(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
         """x: [T, hidden]; kv: [2, num_blocks, Hkv, block_size, D] (this layer's cache). With KernelLinear
-        projections (inference on the CPU) x is updated in place and returned."""
+        projections (inference on the CPU), or on a GPU, x is updated in place and returned."""
+        if gpu_fused.supported(x):
+            return self.forward_fused(x, cos, sin, kv, meta)
         h = self.input_layernorm(x)
         qk, v = self.qkv_proj(h).split([self.q_size + self.kv_size, self.kv_size], dim=-1)
         # Queries and keys rotate together: one rope call per layer (its ~10 small ops are per call).
@@ -59,6 +63,17 @@ class DecoderLayer(nn.Module):
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         x = _add_linear(self.o_proj, paged_attention(q, k, v, kv[0], kv[1], meta, self.scale), x)
         return _add_linear(self.down_proj, self.swiglu(self.post_attention_layernorm(x)), x)
+
+    def forward_fused(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: torch.Tensor,
+                      meta: AttentionMetadata) -> torch.Tensor:
+        """The same layer in 9 kernels on a GPU (`gpu_fused`): rope and the cache write in one, the residual
+        adds inside the output projections' GEMMs (x += h W^T, in place)."""
+        qkv = self.qkv_proj(self.input_layernorm(x))
+        q = gpu_fused.rope_and_cache(qkv, cos, sin, meta.slot_mapping, kv[0], kv[1], self.num_heads,
+                                     self.num_kv_heads)
+        x.addmm_(paged_attention(q, None, None, kv[0], kv[1], meta, self.scale), self.o_proj.weight.t())
+        h = gpu_fused.swiglu(self.gate_up_proj(self.post_attention_layernorm(x)))
+        return x.addmm_(h, self.down_proj.weight.t())
 
     def swiglu(self, h: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up [T, intermediate] from the fused [gate; up] projection."""
