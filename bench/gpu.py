@@ -4,13 +4,14 @@
     python bench/gpu.py --variants before,after --before .before   # also an older checkout's package, same card
 
 Each (variant, shape) runs in its own process: `after` is this checkout (CUDA graphs), `eager` the same with
---enforce-eager, `before` the package found under --before (e.g. `git archive <commit> specserve | tar -x -C
-.before`). Per speculative config one engine serves a batch of 1, then a batch of 32 (so the adaptive policy
+--enforce-eager, `before` and `previous` the packages found under --before and --previous (e.g. `git archive
+<commit> specserve | tar -x -C .before`). Per speculative config one engine serves a batch of 1, then a batch of 32 (so the adaptive policy
 meets both levels in one life: the two-level load), each prompt 256 random tokens, 128 new tokens, greedy,
 EOS ignored. It prints tok/s, steps, tokens per step, and writes rows.jsonl (with each phase's mean ms per
 step); `--profile` adds the share of a batch-32 step the GPU is busy (torch.profiler: kernel time over wall
 time), `--identity` checks greedy output in float32 with and without speculation. `--repeats N` runs each
-(variant, shape) N times, interleaved, for the spread.
+(variant, shape) N times, interleaved, for the spread (`--once` names variants run in the first repeat only);
+`--host-profile` writes the host's busiest functions during the batch-32 plain run (cProfile, `after`).
 """
 from __future__ import annotations
 
@@ -69,6 +70,13 @@ def prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
 
 
 PHASES = ("schedule", "draft", "forward", "sample", "other")
+VARIANTS = ("before", "previous", "eager", "after")
+
+
+def package_root(args, variant: str | None) -> Path:
+    """Where a variant's `specserve` package is imported from."""
+    folder = {"before": args.before, "previous": args.previous}.get(variant)
+    return Path(folder).resolve() if folder else ROOT
 
 
 def generate(engine, batch: list[list[int]], params, phases: dict | None = None) -> tuple[float, int, int]:
@@ -110,9 +118,15 @@ def worker(args) -> None:
         for b in (1, 32):  # warm-up: compile kernels, capture the graphs of both levels
             generate(llm.engine, prompts(b, args.prompt_len, vocab, seed=99), warm)
         for batch in map(int, args.batches.split(",")):
-            phases = {}
-            seconds, steps, tokens = generate(llm.engine, prompts(batch, args.prompt_len, vocab, seed=batch), params,
-                                              phases)
+            phases, batch_prompts, profiler = {}, prompts(batch, args.prompt_len, vocab, seed=batch), None
+            if args.host_profile and batch == 32 and name == "off":
+                import cProfile
+                profiler = cProfile.Profile()
+                profiler.enable()
+            seconds, steps, tokens = generate(llm.engine, batch_prompts, params, phases)
+            if profiler is not None:
+                profiler.disable()
+                write_host_profile(profiler, Path(args.rows).parent / "host_profile.txt", args.shape)
             row = dict(variant=args.variant, shape=args.shape, config=name, batch=batch, repeat=args.repeat,
                        seconds=seconds, steps=steps, tokens=tokens, tok_s=tokens / seconds, startup_s=start_s,
                        phases_ms=phases,
@@ -124,6 +138,17 @@ def worker(args) -> None:
                 f.write(json.dumps(row) + "\n")
         del llm
         torch.cuda.empty_cache()
+
+
+def write_host_profile(profiler, path: Path, shape: str) -> None:
+    """Appends the host functions that took the most time themselves (cProfile slows the host ~2x: read the
+    shares, not the milliseconds)."""
+    import io
+    import pstats
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(30)
+    with open(path, "a") as f:
+        f.write(f"## {shape}, batch 32, plain decoding (cProfile, sorted by own time)\n{text.getvalue()}\n")
 
 
 def gpu_busy(engine, batch, params) -> float:
@@ -162,7 +187,7 @@ def table(rows: list[dict]) -> str:
     by: dict[tuple, list[dict]] = {}
     for r in rows:
         by.setdefault((r["variant"], r["shape"], r["config"], r["batch"]), []).append(r)
-    variants = sorted({r["variant"] for r in rows}, key=["before", "eager", "after"].index)
+    variants = sorted({r["variant"] for r in rows}, key=VARIANTS.index)
 
     def tok_s(key) -> str:
         values = [r["tok_s"] for r in by.get(key, [])]
@@ -171,13 +196,16 @@ def table(rows: list[dict]) -> str:
         spread = f" ({min(values):,.0f}-{max(values):,.0f})" if len(values) > 1 else ""
         return f"{statistics.median(values):,.0f}{spread}"
     lines = ["| shape | batch | config | " + " | ".join(f"{v} tok/s" for v in variants)
-             + " | tokens/step (last) | GPU busy |", "|---" * (5 + len(variants)) + "|"]
+             + " | tokens/step (last) | step ms: all / forward on the GPU (last) | GPU busy |",
+             "|---" * (6 + len(variants)) + "|"]
     for shape, config, batch in sorted({k[1:] for k in by}, key=lambda k: (k[0], k[2], list(CONFIGS).index(k[1]))):
         last = by.get((variants[-1], shape, config, batch), [{}])[0]
         per_step = f"{last['tokens'] / last['steps'] / batch:.2f}" if last else "-"
         busy = f"{last['gpu_busy']:.0%}" if "gpu_busy" in last else "-"
+        ph = last.get("phases_ms") or {}
+        step = f"{ph['step']:.2f} / {ph['draft'] + ph['forward']:.2f}" if "step" in ph else "-"
         lines.append(f"| {shape} | {batch} | {config} | " + " | ".join(tok_s((v, shape, config, batch)) for v in variants)
-                     + f" | {per_step} | {busy} |")
+                     + f" | {per_step} | {step} | {busy} |")
     for v in variants:  # the two-level load: batch 1 then batch 32 on one engine, total time (medians)
         for shape in sorted({k[1] for k in by}):
             total = {c: sum(statistics.median(r["seconds"] for r in by[v, shape, c, b]) for b in (1, 32))
@@ -192,9 +220,10 @@ def write_meta(out: Path, args) -> None:
     then $SPECSERVE_COMMIT names this checkout's, and <before>/COMMIT the older package's)."""
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=ROOT).stdout.strip() or os.environ.get("SPECSERVE_COMMIT", "?")
-    before = Path(args.before) / "COMMIT"
+    before, previous = Path(args.before) / "COMMIT", Path(args.previous) / "COMMIT"
     meta = dict(command="python bench/gpu.py " + " ".join(sys.argv[1:]), commit=commit,
                 before_commit=before.read_text().strip() if before.exists() else None,
+                previous_commit=previous.read_text().strip() if previous.exists() else None,
                 date=time.strftime("%Y-%m-%dT%H:%M:%S"))
     (out / "meta.json").write_text(json.dumps(meta, indent=1))
 
@@ -203,8 +232,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="bench/results/gpu/run")
     p.add_argument("--shapes", default=",".join(SHAPES))
-    p.add_argument("--variants", default="after", help="before, eager, after (comma-separated)")
+    p.add_argument("--variants", default="after", help=", ".join(VARIANTS) + " (comma-separated)")
     p.add_argument("--before", default=".before", help="folder holding the older `specserve` package")
+    p.add_argument("--previous", default=".previous", help="folder holding a second older `specserve` package")
+    p.add_argument("--once", default="", help="variants run in the first repeat only (comma-separated)")
+    p.add_argument("--host-profile", action="store_true", help="cProfile of the batch-32 plain run (after)")
     p.add_argument("--configs", default=",".join(CONFIGS))
     p.add_argument("--batches", default="1,32")
     p.add_argument("--prompt-len", type=int, default=256)
@@ -220,7 +252,7 @@ def main() -> None:
     p.add_argument("--model-dir", help=argparse.SUPPRESS)
     p.add_argument("--rows", help=argparse.SUPPRESS)
     args = p.parse_args()
-    sys.path.insert(0, str(ROOT) if not args.worker or args.variant != "before" else str(Path(args.before)))
+    sys.path.insert(0, str(package_root(args, args.variant) if args.worker else ROOT))
     if args.worker:
         return worker(args)
     out = Path(args.out)
@@ -235,13 +267,18 @@ def main() -> None:
         model_dir = make_model(shape, models / shape, args.device)
         for repeat in range(args.repeats):
             for variant in args.variants.split(","):
-                env = dict(os.environ, PYTHONPATH=str(Path(args.before).resolve() if variant == "before" else ROOT))
+                if repeat and variant in args.once.split(","):
+                    continue
+                env = dict(os.environ, PYTHONPATH=str(package_root(args, variant)))
                 cmd = [sys.executable, __file__, "--worker", "--variant", variant, "--shape", shape,
                        "--model-dir", str(model_dir), "--rows", str(rows_path), "--configs", args.configs,
                        "--batches", args.batches, "--prompt-len", str(args.prompt_len), "--repeat", str(repeat),
-                       "--new-tokens", str(args.new_tokens), "--device", args.device]
+                       "--new-tokens", str(args.new_tokens), "--device", args.device, "--before", args.before,
+                       "--previous", args.previous]
                 if args.profile and variant == "after" and repeat == 0:
                     cmd.append("--profile")
+                if args.host_profile and variant == "after" and repeat == 0:
+                    cmd.append("--host-profile")
                 code = subprocess.call(cmd, env=env)
                 if code:
                     print(f"worker {variant} {shape} exited {code}", flush=True)

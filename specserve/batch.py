@@ -150,10 +150,14 @@ class Proposal:
     sources: list[str | None] = field(default_factory=list)  # per decode: which proposer drafted it
     draft_forwards: list[tuple[str, int, int]] = field(default_factory=list)  # (draft, rows, KV tokens) of each
                                                                              # draft-model forward run
+    # The drafts as host lists when every one was known there (prompt lookup): the target's forward takes them
+    # as host tokens and greedy acceptance reads them without a transfer (on a GPU, ~5 small device ops a step).
+    host_token_ids: list[list[int]] | None = None
 
     @classmethod
     def empty(cls, n: int, device) -> "Proposal":
-        return cls([0] * n, torch.zeros(n, 0, dtype=torch.long, device=device), sources=[None] * n)
+        return cls([0] * n, torch.zeros(n, 0, dtype=torch.long, device=device), sources=[None] * n,
+                   host_token_ids=[[] for _ in range(n)])
 
 
 @dataclass(slots=True)

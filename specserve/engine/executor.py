@@ -104,12 +104,17 @@ class Executor:
         the prompt-logprob rows: (seq, position of the first token they predict, item index, first row within
         the item's logits, rows))."""
         items, sampling, cells, prompt_rows = [], [], [], []
+        host = proposal.host_token_ids
         for i, (s, length) in enumerate(zip(plan.decodes, proposal.lengths)):
             seq = s.seq
-            items.append(ForwardItem(seq.token_ids[seq.num_computed:], len(seq.token_ids) + length,
-                                     seq.block_table, 1 + length, length))
+            if host is not None:  # drafts known on the host travel with the step's other tokens
+                items.append(ForwardItem(seq.token_ids[seq.num_computed:] + host[i][:length],
+                                         len(seq.token_ids) + length, seq.block_table, 1 + length))
+            else:
+                items.append(ForwardItem(seq.token_ids[seq.num_computed:], len(seq.token_ids) + length,
+                                         seq.block_table, 1 + length, length))
+                cells += [(i, j) for j in range(length)]
             sampling.append(s)
-            cells += [(i, j) for j in range(length)]
         for s in plan.prefills:
             seq, end = s.seq, s.seq.num_computed + s.num_tokens
             completes = end == len(seq.token_ids)

@@ -82,7 +82,10 @@ def _greedy(argmax: torch.Tensor, proposal: Proposal, lengths: list[int], starts
     rows and the drafts cross in the step's one transfer, and acceptance (drafts equal to the argmax, then
     the argmax) is a few list comparisons on the host instead of ~20 small tensor ops (~1 ms a step on the
     CPU here). The result is rejection_sample's greedy result."""
-    argmax_rows, drafts, confidences = to_host(argmax, proposal.token_ids, proposal.confidences)
+    host = proposal.host_token_ids
+    argmax_rows, drafts, confidences = to_host(argmax, proposal.token_ids if host is None else None,
+                                               proposal.confidences)
+    drafts = drafts if host is None else host
     tokens = []
     for i, (start, length) in enumerate(zip(starts, lengths)):  # prefills (no drafts) come last
         n = 0

@@ -99,7 +99,7 @@ def lookup_proposal(found: list[list[int]], confidences: bool, device) -> Propos
     tokens = torch.tensor([f + [0] * (k - len(f)) for f in found], dtype=torch.long, device=device).view(len(found), k)
     confidences = torch.ones(len(found), k, device=device) if confidences else None
     return Proposal([len(f) for f in found], tokens, confidences=confidences,
-                    sources=[NGRAM if f else None for f in found])
+                    sources=[NGRAM if f else None for f in found], host_token_ids=found)
 
 
 class Drafter:
@@ -140,6 +140,7 @@ class Drafter:
         proposal = lookup_proposal(found, confidences, device)
         k = max((s.max_drafts for s in decodes), default=0)
         if drafting:
+            proposal.host_token_ids = None  # the model's drafts stay on the device
             proposal.token_ids = torch.cat([proposal.token_ids, proposal.token_ids.new_zeros(n, k - proposal.token_ids.shape[1])], 1)
             if proposal.confidences is not None:
                 proposal.confidences = torch.ones(n, k, device=device)

@@ -78,6 +78,11 @@ class RoutedProposer:
             merged.token_ids[rows, :part.token_ids.shape[1]] = part.token_ids
             for row, i in enumerate(mine):
                 merged.lengths[i], merged.sources[i] = part.lengths[row], part.sources[row]
+            if part.host_token_ids is None:  # some drafts only on the device: the merged ones too
+                merged.host_token_ids = None
+            elif merged.host_token_ids is not None:
+                for row, i in enumerate(mine):
+                    merged.host_token_ids[i] = part.host_token_ids[row]
             if part.confidences is not None:
                 if merged.confidences is None:
                     merged.confidences = torch.ones(n, k, device=device)
