@@ -87,16 +87,22 @@ def generate(engine, batch: list[list[int]], params, phases: dict | None = None)
     sync()
     t0, steps, tokens = time.perf_counter(), 0, 0
     sums = dict.fromkeys(PHASES, 0.0)
+    prefill_steps, prefill_s, last = 0, 0.0, t0
     while engine.has_unfinished():
         tokens += sum(len(o.delta_token_ids) for o in engine.step())
         steps += 1
         for name in PHASES:
             sums[name] += getattr(engine.last_stats, "t_" + name)
+        now = time.perf_counter()
+        if engine.last_stats.num_prefill_tokens:  # wall time of the steps that prefill (host clock, after sync)
+            prefill_steps, prefill_s = prefill_steps + 1, prefill_s + now - last
+        last = now
     sync()
     seconds = time.perf_counter() - t0
     if phases is not None:
         phases.update({name: round(1e3 * v / steps, 3) for name, v in sums.items()},
-                      step=round(1e3 * seconds / steps, 3))
+                      step=round(1e3 * seconds / steps, 3), prefill_steps=prefill_steps,
+                      prefill_ms=round(1e3 * prefill_s, 2))
     return seconds, steps, tokens
 
 
@@ -196,16 +202,17 @@ def table(rows: list[dict]) -> str:
         spread = f" ({min(values):,.0f}-{max(values):,.0f})" if len(values) > 1 else ""
         return f"{statistics.median(values):,.0f}{spread}"
     lines = ["| shape | batch | config | " + " | ".join(f"{v} tok/s" for v in variants)
-             + " | tokens/step (last) | step ms: all / forward on the GPU (last) | GPU busy |",
-             "|---" * (6 + len(variants)) + "|"]
+             + " | tokens/step (last) | step ms: all / forward on the GPU (last) | prefill steps: ms (last) | GPU busy |",
+             "|---" * (7 + len(variants)) + "|"]
     for shape, config, batch in sorted({k[1:] for k in by}, key=lambda k: (k[0], k[2], list(CONFIGS).index(k[1]))):
         last = by.get((variants[-1], shape, config, batch), [{}])[0]
         per_step = f"{last['tokens'] / last['steps'] / batch:.2f}" if last else "-"
         busy = f"{last['gpu_busy']:.0%}" if "gpu_busy" in last else "-"
         ph = last.get("phases_ms") or {}
         step = f"{ph['step']:.2f} / {ph['draft'] + ph['forward']:.2f}" if "step" in ph else "-"
+        prefill = f"{ph['prefill_steps']}: {ph['prefill_ms']:.1f}" if "prefill_ms" in ph else "-"
         lines.append(f"| {shape} | {batch} | {config} | " + " | ".join(tok_s((v, shape, config, batch)) for v in variants)
-                     + f" | {per_step} | {step} | {busy} |")
+                     + f" | {per_step} | {step} | {prefill} | {busy} |")
     for v in variants:  # the two-level load: batch 1 then batch 32 on one engine, total time (medians)
         for shape in sorted({k[1] for k in by}):
             total = {c: sum(statistics.median(r["seconds"] for r in by[v, shape, c, b]) for b in (1, 32))

@@ -1,4 +1,4 @@
-"""CUDA graphs of whole forwards for the steps of short queries: decodes, verifies, draft-model steps.
+"""CUDA graphs of whole forwards: decodes, verifies, draft-model steps and prefill chunks.
 
 A 135M model's eager step launches ~860 kernels, and on a GPU the launches, not the math, set the step's time
 (issue 64's profile: 1.9 ms of GPU work in a 19 ms step). A graph replays the whole forward as one launch. It is
@@ -14,9 +14,17 @@ whose logits are wanted. Padding tokens write their keys to a sink block past th
 have no queries. Every row is independent of the others (attention reads only its own sequence), so the
 padding rows' values never reach a real one.
 
-Prefill chunks longer than 32 tokens and EAGLE drafts (which take features) run eagerly.
+A prefill chunk travels as pieces of at most 32 tokens (`KERNEL_QUERY_CHUNK`), each a "sequence" of the attention
+kernel that ends at its own last token (the eager GPU path cuts them the same way), and a step of more tokens
+than the largest bucket runs as several replays in order (`split_steps`): a later piece reads the keys that
+earlier pieces wrote, in the same replay (the cache write precedes the attention of each layer) or in an earlier
+one. An eager prefill step costs ~280 launches of host time (~10 ms for a 135M model on the H200 whatever its
+size); its replays cost one each. EAGLE drafts (which take features) run eagerly. `SPECSERVE_GRAPH_PREFILL=0`
+sends prefill chunks of more than 32 tokens to the eager path, as before.
 """
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import torch
@@ -52,18 +60,43 @@ class CudaGraphRunner:
 
     def capture_all(self, max_decodes: int) -> None:
         """Captures, largest first (smaller graphs then reuse the pool's memory), pure-decode steps of up to
-        `max_decodes` sequences and verify-shaped steps (up to 8 queries a sequence) of every bucket. Steps of
-        longer queries (prefill pieces, drafts past 7) are captured when they first come."""
+        `max_decodes` sequences, verify-shaped steps (up to 8 queries a sequence) and steps with prefill pieces
+        (up to 32) of every bucket, so that no step waits for a capture while serving."""
         for bucket in reversed(self.buckets):
-            for qmax in (QMAX_VARIANTS[1], QMAX_VARIANTS[0]):
-                if qmax > 1 or bucket <= max_decodes:
+            for qmax in (QMAX_VARIANTS[2], QMAX_VARIANTS[1], QMAX_VARIANTS[0]):
+                if qmax == QMAX_VARIANTS[1] or (qmax == 1 and bucket <= max_decodes) or (qmax > 8 and self.prefill):
                     self.graphs[bucket, qmax] = self._capture(bucket, qmax)
 
+    @property
+    def prefill(self) -> bool:
+        """Whether prefill chunks of more than 32 tokens replay graphs (in pieces)."""
+        return os.environ.get("SPECSERVE_GRAPH_PREFILL") != "0"
+
     def can_run(self, items: list[ForwardItem], features) -> bool:
-        return (features is None and sum(it.num_tokens for it in items) <= self.buckets[-1]
-                and all(it.num_tokens <= KERNEL_QUERY_CHUNK and len(it.block_table) <= self.width for it in items))
+        if features is not None or any(len(it.block_table) > self.width for it in items):
+            return False
+        if self.prefill:  # drafts on the device only in short items (decodes, verifies): those stay whole
+            return all(it.num_tokens <= KERNEL_QUERY_CHUNK or not it.num_device_tokens for it in items)
+        return (sum(it.num_tokens for it in items) <= self.buckets[-1]
+                and all(it.num_tokens <= KERNEL_QUERY_CHUNK for it in items))
 
     def forward(self, items: list[ForwardItem], all_hidden: bool, device_ids: torch.Tensor | None):
+        """The step's logits rows and hidden states as ModelRunner.forward returns them, from one replay per
+        sub-step of at most the largest bucket's tokens."""
+        steps = split_steps(items, self.buckets[-1])
+        if len(steps) == 1:
+            return self._replay(steps[0], all_hidden, device_ids)
+        logits, hidden, drafts = [], [], 0
+        for step in steps:
+            own = sum(it.num_device_tokens for it in step)
+            ids = device_ids[drafts:drafts + own] if own else None
+            drafts += own
+            step_logits, step_hidden = self._replay(step, all_hidden, ids)
+            logits.append(step_logits)
+            hidden.append(step_hidden)
+        return torch.cat(logits), torch.cat(hidden)
+
+    def _replay(self, items: list[ForwardItem], all_hidden: bool, device_ids: torch.Tensor | None):
         num_tokens = sum(it.num_tokens for it in items)
         bucket = next(b for b in self.buckets if b >= num_tokens)
         longest = max(it.num_tokens for it in items)
@@ -154,3 +187,29 @@ def pack_step(buf: np.ndarray, items: list[ForwardItem], bucket: int, width: int
     base = 6 * t + t * w
     buf[base:base + len(drafts) + len(rows)] = drafts + rows
     return len(drafts), len(drafts) + len(rows)
+
+
+def split_steps(items: list[ForwardItem], max_tokens: int) -> list[list[ForwardItem]]:
+    """The step's items as sub-steps of at most `max_tokens` tokens, in order, each item longer than
+    KERNEL_QUERY_CHUNK cut into pieces of that many tokens (the last shorter): a piece is an item of its own that
+    ends at its last token and asks for the logits of the item's logit rows it holds. Items with drafts on the
+    device stay whole (they are short). The logits rows and hidden rows of the sub-steps, concatenated, are the
+    step's."""
+    steps, current, size = [], [], 0
+    for it in items:
+        if it.num_tokens <= KERNEL_QUERY_CHUNK:
+            pieces = [it]
+        else:
+            first_logit = it.num_tokens - it.num_logits
+            start_pos = it.ctx_len - it.num_tokens
+            pieces = [ForwardItem(it.token_ids[a:a + KERNEL_QUERY_CHUNK],
+                                  start_pos + min(a + KERNEL_QUERY_CHUNK, it.num_tokens), it.block_table,
+                                  max(0, min(a + KERNEL_QUERY_CHUNK, it.num_tokens) - max(a, first_logit)))
+                      for a in range(0, it.num_tokens, KERNEL_QUERY_CHUNK)]
+        for piece in pieces:
+            if size + piece.num_tokens > max_tokens and current:
+                steps.append(current)
+                current, size = [], 0
+            current.append(piece)
+            size += piece.num_tokens
+    return steps + [current] if current else steps

@@ -2,7 +2,7 @@
 import numpy as np
 
 from specserve.batch import ForwardItem
-from specserve.engine.cuda_graphs import pack_step
+from specserve.engine.cuda_graphs import pack_step, split_steps
 
 
 def test_a_step_packs_tokens_positions_slots_sequences_tables_drafts_and_logit_rows():
@@ -34,3 +34,24 @@ def test_a_smaller_step_after_a_larger_one_leaves_nothing_stale_that_it_reads():
     assert buf[:bucket].tolist() == [7, 0, 0, 0]
     assert buf[2 * bucket:3 * bucket].tolist() == [4 * bs + 2, sink, sink, sink]
     assert not buf[3 * bucket:6 * bucket].reshape(3, bucket)[:, 1:].any()  # no sequence left over
+
+
+def test_long_items_become_pieces_and_steps_stay_within_the_largest_bucket():
+    # a 70-token prefill chunk of positions 30-99 wanting its last logit, a verify with 2 device drafts, a
+    # 40-token prompt-logprobs chunk (every row's logits) of positions 0-39
+    items = [ForwardItem(list(range(70)), 100, [1, 2, 3, 4, 5, 6, 7], 1), ForwardItem([5], 9, [8], 3, 2),
+             ForwardItem(list(range(100, 140)), 40, [9, 10, 11], 40)]
+    steps = split_steps(items, 64)
+    pieces = [(len(p.token_ids), p.ctx_len, p.num_logits, p.num_device_tokens) for s in steps for p in s]
+    assert pieces == [(32, 62, 0, 0), (32, 94, 0, 0), (6, 100, 1, 0), (1, 9, 3, 2), (32, 32, 32, 0),
+                      (8, 40, 8, 0)]
+    assert [sum(p.num_tokens for p in s) for s in steps] == [64, 49]  # in order, none past 64 tokens
+    assert [p.token_ids for s in steps for p in s][2] == list(range(64, 70))
+    assert all(p.block_table is items[0].block_table for p in steps[0])
+    # the logit rows, concatenated over the pieces, are the items' own: 1 + 3 + 40
+    assert sum(p.num_logits for s in steps for p in s) == 44
+
+
+def test_a_step_that_fits_is_one_sub_step_of_its_own_items():
+    items = [ForwardItem([1], 10, [0], 1), ForwardItem([2, 3], 5, [1], 1)]
+    assert split_steps(items, 512) == [items]

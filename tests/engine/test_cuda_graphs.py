@@ -26,31 +26,33 @@ def runners(path):
     # each step: (host tokens, drafts on the device, ctx_len, logits wanted) per sequence
     [[(5, 0, 5, 1), (3, 0, 3, 1)], [(1, 0, 6, 1), (1, 0, 4, 1)]],                 # prefill, then decodes
     [[(20, 0, 20, 1)], [(1, 4, 25, 5)], [(1, 2, 28, 3)]],                          # verifies with device drafts
-    [[(40, 0, 40, 0)], [(30, 0, 70, 1), (1, 0, 1, 1)], [(1, 3, 74, 4), (1, 0, 2, 1)]],  # eager prefill, mixed
+    [[(40, 0, 40, 0)], [(30, 0, 70, 1), (1, 0, 1, 1)], [(1, 3, 74, 4), (1, 0, 2, 1)]],  # prefill pieces, mixed
+    [[(300, 0, 300, 1), (250, 0, 250, 1)], [(1, 0, 301, 1), (1, 3, 254, 4)]],       # 550 tokens: two replays
 ])
 def test_graph_forward_matches_eager(tiny_target, steps):
     eager, graphed = runners(tiny_target)
     assert graphed.graphs is not None and eager.graphs is None
-    replays, forward = [], graphed.graphs.forward
-    graphed.graphs.forward = lambda *args: replays.append(args) or forward(*args)
-    short_steps = 0
+    calls, replays = [], []
+    forward, replay = graphed.graphs.forward, graphed.graphs._replay
+    graphed.graphs.forward = lambda *args: calls.append(args) or forward(*args)
+    graphed.graphs._replay = lambda *args: replays.append(args) or replay(*args)
     torch.manual_seed(0)
     blocks = torch.randperm(63).tolist()
-    tables = [blocks[:8], blocks[8:16]]
+    tables = [blocks[:24], blocks[24:48]]
     for step in steps:
         items, drafts = [], []
         for i, (host, on_device, ctx, logits) in enumerate(step):
             items.append(ForwardItem(torch.randint(0, 250, (host,)).tolist(), ctx, tables[i], logits, on_device))
             drafts.append(torch.randint(0, 250, (on_device,)))
         device_ids = torch.cat(drafts).cuda() if any(len(d) for d in drafts) else None
-        short_steps += all(it.num_tokens <= 32 for it in items)
         want_logits, want_hidden = eager.forward(items, device_ids=device_ids)
         got_logits, got_hidden = graphed.forward(items, device_ids=device_ids)
         torch.testing.assert_close(got_logits, want_logits, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(got_hidden, want_hidden, rtol=1e-5, atol=1e-5)
         used = sorted({b for t in tables for b in t})
         torch.testing.assert_close(graphed.kv_cache[:, :, used], eager.kv_cache[:, :, used])
-    assert len(replays) == short_steps > 0  # every short step replayed a graph; longer prefills ran eagerly
+    assert len(calls) == len(steps)  # every step replayed graphs, prefill chunks too (in pieces)
+    assert len(replays) == len(steps) + (sum(it[0] for it in steps[0]) > 512)  # past 512 tokens: two
 
 
 def test_greedy_identity_with_graphs_and_speculation(tiny_target):
