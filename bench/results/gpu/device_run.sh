@@ -14,8 +14,9 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 timeout ${TESTS_S:-150} python3 -m pytest -q -p no:cacheprovider tests/model/test_gpu_fused.py \
     tests/model/test_gpu_attention.py tests/engine/test_cuda_graphs.py 2>&1 | tail -40 | tee $OUT/tests.txt
 if grep -q "^FAILED\|^ERROR" $OUT/tests.txt; then
-    export SPECSERVE_GPU_FUSED=0  # the new kernels are the first suspect: measure the rest rather than nothing
-    echo "a test failed: measured with SPECSERVE_GPU_FUSED=0" | tee -a $OUT/gpu.txt
+    # the new kernels and graphs are the first suspects: measure the rest rather than nothing
+    export SPECSERVE_GPU_FUSED=0 SPECSERVE_GRAPH_PREFILL=0
+    echo "a test failed: measured with SPECSERVE_GPU_FUSED=0 SPECSERVE_GRAPH_PREFILL=0" | tee -a $OUT/gpu.txt
 fi
 timeout ${BENCH_S:-450} python3 bench/gpu.py --out $OUT/run --variants ${VARIANTS:-before,previous,after} \
     --once ${ONCE:-before,previous} --profile --identity --host-profile --repeats ${REPEATS:-2} ${BENCH_ARGS:-} 2>&1 \
