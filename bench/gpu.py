@@ -124,21 +124,18 @@ def worker(args) -> None:
         for b in (1, 32):  # warm-up: compile kernels, capture the graphs of both levels
             generate(llm.engine, prompts(b, args.prompt_len, vocab, seed=99), warm)
         for batch in map(int, args.batches.split(",")):
-            phases, batch_prompts, profiler = {}, prompts(batch, args.prompt_len, vocab, seed=batch), None
-            if args.host_profile and batch == 32 and name == "off":
-                import cProfile
-                profiler = cProfile.Profile()
-                profiler.enable()
-            seconds, steps, tokens = generate(llm.engine, batch_prompts, params, phases)
-            if profiler is not None:
-                profiler.disable()
-                write_host_profile(profiler, Path(args.rows).parent / "host_profile.txt", args.shape)
+            phases = {}
+            seconds, steps, tokens = generate(llm.engine, prompts(batch, args.prompt_len, vocab, seed=batch), params,
+                                              phases)
             row = dict(variant=args.variant, shape=args.shape, config=name, batch=batch, repeat=args.repeat,
                        seconds=seconds, steps=steps, tokens=tokens, tok_s=tokens / seconds, startup_s=start_s,
                        phases_ms=phases,
                        device=torch.cuda.get_device_name() if args.device == "cuda" else args.device)
             if args.profile and batch == 32:
                 row["gpu_busy"] = gpu_busy(llm.engine, prompts(32, args.prompt_len, vocab, seed=7), params)
+            if args.host_profile and batch == 32 and name == "off":  # a run of its own: cProfile slows the host
+                host_profile(llm.engine, prompts(32, args.prompt_len, vocab, seed=8), params,
+                             Path(args.rows).parent / "host_profile.txt", args.shape)
             print(json.dumps(row), flush=True)
             with open(args.rows, "a") as f:
                 f.write(json.dumps(row) + "\n")
@@ -146,11 +143,16 @@ def worker(args) -> None:
         torch.cuda.empty_cache()
 
 
-def write_host_profile(profiler, path: Path, shape: str) -> None:
-    """Appends the host functions that took the most time themselves (cProfile slows the host ~2x: read the
-    shares, not the milliseconds)."""
+def host_profile(engine, batch, params, path: Path, shape: str) -> None:
+    """Appends to `path` the host functions that took the most time themselves while `batch` runs (cProfile
+    slows the host: read the shares, not the milliseconds)."""
+    import cProfile
     import io
     import pstats
+    profiler = cProfile.Profile()
+    profiler.enable()
+    generate(engine, batch, params)
+    profiler.disable()
     text = io.StringIO()
     pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(30)
     with open(path, "a") as f:
@@ -223,10 +225,10 @@ def table(rows: list[dict]) -> str:
 
 
 def write_meta(out: Path, args) -> None:
-    """What the run was: its command and the commits it compared (a device's copy of the tree has no .git:
-    then $SPECSERVE_COMMIT names this checkout's, and <before>/COMMIT the older package's)."""
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=ROOT).stdout.strip() or os.environ.get("SPECSERVE_COMMIT", "?")
+    """What the run was: its command and the commits it compared ($SPECSERVE_COMMIT names this checkout's where
+    set: a device's copy of the tree has no .git, or a stale one; <before>/COMMIT names the older package's)."""
+    commit = os.environ.get("SPECSERVE_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip() or "?"
     before, previous = Path(args.before) / "COMMIT", Path(args.previous) / "COMMIT"
     meta = dict(command="python bench/gpu.py " + " ".join(sys.argv[1:]), commit=commit,
                 before_commit=before.read_text().strip() if before.exists() else None,

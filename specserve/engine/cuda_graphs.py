@@ -48,7 +48,7 @@ class CudaGraphRunner:
         self.device = kv_cache.device
         self.packed = torch.zeros(size, dtype=torch.long, device=self.device)
         self.staging = [torch.zeros(size, dtype=torch.long).pin_memory() for _ in range(STAGING_RING)]
-        self.copied = [None] * STAGING_RING  # the event after each staging buffer's last copy
+        self.copied = [torch.cuda.Event() for _ in range(STAGING_RING)]  # after each staging buffer's last copy
         self.turn = 0
         # Every graph writes its results into these (one copy each): outputs of its own would pin T x vocab
         # float32 per graph (2.3 GB over a 1B model's graphs).
@@ -107,7 +107,6 @@ class CudaGraphRunner:
         staging, num_drafts, num_extra = self._pack(items, bucket)
         base = bucket * (6 + self.width)
         self.packed[:base + num_extra].copy_(staging[:base + num_extra], non_blocking=True)
-        self.copied[self.turn] = torch.cuda.Event()
         self.copied[self.turn].record()
         if num_drafts:
             self.packed[:bucket].index_copy_(0, self.packed[base:base + num_drafts], device_ids)
@@ -121,8 +120,7 @@ class CudaGraphRunner:
         """Writes the step's inputs into the next pinned staging buffer. Returns it, the number of draft
         slots and the number of extra entries (draft slots, then logit rows)."""
         self.turn = (self.turn + 1) % STAGING_RING
-        if self.copied[self.turn] is not None:
-            self.copied[self.turn].synchronize()  # its last copy finished long ago, in practice
+        self.copied[self.turn].synchronize()  # its last copy finished long ago, in practice (unrecorded: no wait)
         staging = self.staging[self.turn]
         return staging, *pack_step(staging.numpy(), items, bucket, self.width, self.block_size, self.sink_slot)
 
@@ -141,7 +139,7 @@ class CudaGraphRunner:
         def run():
             meta.write_index = None  # derived from slot_mapping inside the captured work
             hidden = self.model(p[:t], meta, self.kv_cache)
-            self.logits[:t].copy_(self.model.compute_logits(hidden))
+            self.logits[:t].copy_(self.model.lm_head(hidden))  # compute_logits' float32, in the copy
             self.hidden[:t].copy_(hidden)
 
         stream = torch.cuda.Stream()

@@ -33,19 +33,27 @@ class DeviceClock:
     as its work is queued, so host clocks would credit the forward's time to whatever waits next (the
     sampler's transfer) and the cost model would learn that forwards are free. On the CPU: no events."""
 
+    MARKS = 3  # a step's: start, drafted, forwarded
+
     def __init__(self, device: torch.device):
-        self.events = [] if device.type == "cuda" else None
+        # Created once and recorded again each step (a new event per mark cost host time on every step).
+        self.events = [torch.cuda.Event(enable_timing=True) for _ in range(self.MARKS)] \
+            if device.type == "cuda" else None
+        self.count = 0
+
+    def start(self) -> None:
+        self.count = 0
 
     def mark(self) -> None:
         if self.events is not None:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            self.events.append(event)
+            self.events[self.count].record()
+            self.count += 1
 
     def intervals(self) -> list[float]:
         """Seconds between consecutive marks (after the step's transfer, the wait is none)."""
-        self.events[-1].synchronize()
-        return [a.elapsed_time(b) / 1e3 for a, b in zip(self.events, self.events[1:])]
+        marks = self.events[:self.count]
+        marks[-1].synchronize()
+        return [a.elapsed_time(b) / 1e3 for a, b in zip(marks, marks[1:])]
 
 
 class Executor:
@@ -54,13 +62,15 @@ class Executor:
         self.proposer = proposer
         self.policy = policy
         self.sampler = Sampler()
+        self.clock = DeviceClock(runner.device)
         self.hidden_taps: list[HiddenTap] = []
         if proposer is not None and proposer.reads_target_hidden:
             self.hidden_taps.append(proposer.observe_target)
 
     def execute(self, plan: StepPlan) -> StepResult:
         times = PhaseTimes()
-        clock = DeviceClock(self.runner.device)
+        clock = self.clock
+        clock.start()
         t0 = time.perf_counter()
         clock.mark()
         proposal = self.propose(plan)
@@ -83,7 +93,7 @@ class Executor:
         if self.hidden_taps:
             self._tap(items, owners, committed[:len(plan.decodes)], hidden)
         times.draft, times.forward, times.sample = t1 - t0, t2 - t1, time.perf_counter() - t2
-        if clock.events:  # the sampler's transfer waited for the device: its phases are now known
+        if clock.events is not None:  # the sampler's transfer waited for the device: its phases are now known
             device_draft, device_forward = clock.intervals()
             times.draft, times.forward = device_draft, device_forward
             times.sample = max(0.0, time.perf_counter() - t0 - device_draft - device_forward)
