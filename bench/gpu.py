@@ -193,8 +193,11 @@ def table(rows: list[dict]) -> str:
     """Median tok/s over repeats (min-max with several), tokens per step, GPU busy, the two-level load."""
     import statistics
     by: dict[tuple, list[dict]] = {}
+    # GPU busy comes from a profiled run of its own (--profile), valid whatever the row's timing
+    busy_by = {(r["shape"], r["config"], r["batch"]): r["gpu_busy"] for r in rows if "gpu_busy" in r}
     for r in rows:
-        by.setdefault((r["variant"], r["shape"], r["config"], r["batch"]), []).append(r)
+        if not r.get("host_profiled"):  # timed under cProfile (runs before the profile ran on its own): left out
+            by.setdefault((r["variant"], r["shape"], r["config"], r["batch"]), []).append(r)
     variants = sorted({r["variant"] for r in rows}, key=VARIANTS.index)
 
     def tok_s(key) -> str:
@@ -209,7 +212,7 @@ def table(rows: list[dict]) -> str:
     for shape, config, batch in sorted({k[1:] for k in by}, key=lambda k: (k[0], k[2], list(CONFIGS).index(k[1]))):
         last = by.get((variants[-1], shape, config, batch), [{}])[0]
         per_step = f"{last['tokens'] / last['steps'] / batch:.2f}" if last else "-"
-        busy = f"{last['gpu_busy']:.0%}" if "gpu_busy" in last else "-"
+        busy = f"{busy_by[shape, config, batch]:.0%}" if (shape, config, batch) in busy_by else "-"
         ph = last.get("phases_ms") or {}
         step = f"{ph['step']:.2f} / {ph['draft'] + ph['forward']:.2f}" if "step" in ph else "-"
         prefill = f"{ph['prefill_steps']}: {ph['prefill_ms']:.1f}" if "prefill_ms" in ph else "-"
