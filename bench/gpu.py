@@ -5,7 +5,8 @@
 
 Each (variant, shape) runs in its own process: `after` is this checkout (CUDA graphs), `eager` the same with
 --enforce-eager, `before` and `previous` the packages found under --before and --previous (e.g. `git archive
-<commit> specserve | tar -x -C .before`). Per speculative config one engine serves a batch of 1, then a batch of 32 (so the adaptive policy
+<commit> specserve | tar -x -C .before`).
+Per speculative config one engine serves a batch of 1, then a batch of 32 (so the adaptive policy
 meets both levels in one life: the two-level load), each prompt 256 random tokens, 128 new tokens, greedy,
 EOS ignored. It prints tok/s, steps, tokens per step, and writes rows.jsonl (with each phase's mean ms per
 step); `--profile` adds the share of a batch-32 step the GPU is busy (torch.profiler: kernel time over wall
@@ -206,8 +207,8 @@ def table(rows: list[dict]) -> str:
             return "-"
         spread = f" ({min(values):,.0f}-{max(values):,.0f})" if len(values) > 1 else ""
         return f"{statistics.median(values):,.0f}{spread}"
-    lines = ["| shape | batch | config | " + " | ".join(f"{v} tok/s" for v in variants)
-             + " | tokens/step (last) | step ms: all / forward on the GPU (last) | prefill steps: ms (last) | GPU busy |",
+    lines = ["| shape | batch | config | " + " | ".join(f"{v} tok/s" for v in variants) + " | tokens/step (last)"
+             " | step ms: all / forward on the GPU (last) | prefill steps: ms (last) | GPU busy |",
              "|---" * (7 + len(variants)) + "|"]
     for shape, config, batch in sorted({k[1:] for k in by}, key=lambda k: (k[0], k[2], list(CONFIGS).index(k[1]))):
         last = by.get((variants[-1], shape, config, batch), [{}])[0]
@@ -216,8 +217,8 @@ def table(rows: list[dict]) -> str:
         ph = last.get("phases_ms") or {}
         step = f"{ph['step']:.2f} / {ph['draft'] + ph['forward']:.2f}" if "step" in ph else "-"
         prefill = f"{ph['prefill_steps']}: {ph['prefill_ms']:.1f}" if "prefill_ms" in ph else "-"
-        lines.append(f"| {shape} | {batch} | {config} | " + " | ".join(tok_s((v, shape, config, batch)) for v in variants)
-                     + f" | {per_step} | {step} | {prefill} | {busy} |")
+        cells = " | ".join(tok_s((v, shape, config, batch)) for v in variants)
+        lines.append(f"| {shape} | {batch} | {config} | {cells} | {per_step} | {step} | {prefill} | {busy} |")
     for v in variants:  # the two-level load: batch 1 then batch 32 on one engine, total time (medians)
         for shape in sorted({k[1] for k in by}):
             total = {c: sum(statistics.median(r["seconds"] for r in by[v, shape, c, b]) for b in (1, 32))

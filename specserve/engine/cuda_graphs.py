@@ -18,8 +18,8 @@ A prefill chunk travels as pieces of at most 32 tokens (`KERNEL_QUERY_CHUNK`), e
 kernel that ends at its own last token (the eager GPU path cuts them the same way), and a step of more tokens
 than the largest bucket runs as several replays in order (`split_steps`): a later piece reads the keys that
 earlier pieces wrote, in the same replay (the cache write precedes the attention of each layer) or in an earlier
-one. An eager prefill step costs ~280 launches of host time (~10 ms for a 135M model on the H200 whatever its
-size); its replays cost one each. EAGLE drafts (which take features) run eagerly. `SPECSERVE_GRAPH_PREFILL=0`
+one. An eager prefill step costs ~280 launches of host time (a 135M model's 256-token prompt: 18 ms on the H200,
+1.8 ms as a replay). EAGLE drafts (which take features) run eagerly. `SPECSERVE_GRAPH_PREFILL=0`
 sends prefill chunks of more than 32 tokens to the eager path, as before.
 """
 from __future__ import annotations
