@@ -24,12 +24,13 @@ if triton is not None:
     import triton.language as tl
 
 
-def supported(x: torch.Tensor) -> bool:
+def supported(x: torch.Tensor, head_dim: int | None = None) -> bool:
     """Whether the layer of input `x` takes the fused kernels: a CUDA tensor, Triton installed, inference
-    (no autograd: the residual stream is updated in place), not switched off. The tests also call the kernels
-    themselves on the CPU under Triton's interpreter."""
+    (no autograd: the residual stream is updated in place), not switched off; with `head_dim`, also rope's
+    (a power of two: Triton's tiles). The tests also call the kernels on the CPU under Triton's interpreter."""
     return (triton is not None and x.device.type == "cuda" and not torch.is_grad_enabled()
-            and os.environ.get("SPECSERVE_GPU_FUSED") != "0")
+            and os.environ.get("SPECSERVE_GPU_FUSED") != "0"
+            and (head_dim is None or (head_dim >= 2 and head_dim & (head_dim - 1) == 0)))
 
 
 if triton is not None:

@@ -53,7 +53,7 @@ class DecoderLayer(nn.Module):
                 meta: AttentionMetadata) -> torch.Tensor:
         """x: [T, hidden]; kv: [2, num_blocks, Hkv, block_size, D] (this layer's cache). With KernelLinear
         projections (inference on the CPU), or on a GPU, x is updated in place and returned."""
-        if gpu_fused.supported(x):
+        if gpu_fused.supported(x, self.head_dim):
             return self.forward_fused(x, cos, sin, kv, meta)
         h = self.input_layernorm(x)
         qk, v = self.qkv_proj(h).split([self.q_size + self.kv_size, self.kv_size], dim=-1)
