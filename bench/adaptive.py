@@ -38,6 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
+from specserve.benchmark.machine import git_commit
+
 OUT = Path(__file__).parent / "results" / "adaptive"
 LATENCY_MODEL = Path(__file__).parent / "results" / "latency21" / "model.json"  # the int8 engine, 1 thread
 CEILING = 4  # the server default's (spec_decode/config.py DEFAULT_SPECULATIVE)
@@ -224,7 +226,7 @@ def run(args) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     log = (out / "runs.jsonl").open("a")
     this = {"command": "python bench/adaptive.py " + " ".join(sys.argv[1:]),
-            "started": datetime.datetime.now().isoformat(timespec="seconds"), "commit": _commit()}
+            "started": datetime.datetime.now().isoformat(timespec="seconds"), "commit": git_commit("?")}
     meta = this
     if args.first_repeat and (out / "meta.json").exists():  # more rounds of an earlier run: its command stays
         meta = json.loads((out / "meta.json").read_text())
@@ -255,15 +257,6 @@ def run(args) -> Path:
         del engines, llm
     analyze(out)
     return out
-
-
-def _commit() -> str:
-    import subprocess
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent).stdout.strip() or "?"
-    except OSError:
-        return "?"
 
 
 # ---- analysis -------------------------------------------------------------------------------------------

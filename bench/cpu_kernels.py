@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specserve.benchmark.machine import cpu_model
+from specserve.benchmark.machine import cpu_flags, cpu_model
 
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "lm_head": (49152, 576)}
 ROWS = [1, 2, 4, 5, 8, 9, 16, 32, 64]
@@ -300,7 +300,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     label = args.label or f"{datetime.date.today()}-{args.threads}t"
     cpu = cpu_model()
-    flags = Path("/proc/cpuinfo").read_text()
+    flags = cpu_flags()
     header = (f"# CPU kernels ({label})\n\n`python bench/cpu_kernels.py {' '.join(os.sys.argv[1:])}`: {cpu}, "
               f"{os.cpu_count()} CPUs, {args.threads} threads, torch {torch.__version__}, AVX512-BF16 "
               f"{'yes' if 'avx512_bf16' in flags else 'no'}, AVX2 {'yes' if 'avx2' in flags else 'no'}. "

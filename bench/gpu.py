@@ -229,10 +229,10 @@ def table(rows: list[dict]) -> str:
 
 
 def write_meta(out: Path, args) -> None:
-    """What the run was: its command and the commits it compared ($SPECSERVE_COMMIT names this checkout's where
-    set: a device's copy of the tree has no .git, or a stale one; <before>/COMMIT names the older package's)."""
-    commit = os.environ.get("SPECSERVE_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip() or "?"
+    """What the run was: its command and the commits it compared (this checkout's: `git_commit`, which takes
+    $SPECSERVE_COMMIT on a device; <before>/COMMIT and <previous>/COMMIT name the older packages')."""
+    from specserve.benchmark.machine import git_commit
+    commit = git_commit("?")
     before, previous = Path(args.before) / "COMMIT", Path(args.previous) / "COMMIT"
     meta = dict(command="python bench/gpu.py " + " ".join(sys.argv[1:]), commit=commit,
                 before_commit=before.read_text().strip() if before.exists() else None,

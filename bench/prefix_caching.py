@@ -29,7 +29,7 @@ from stress import start_server  # noqa: E402
 
 from specserve.benchmark.client import RequestResult, StreamingClient, make_http_client, monotonic_clock  # noqa: E402
 from specserve.benchmark.conversations import build_conversations, execute_conversations, per_turn  # noqa: E402
-from specserve.benchmark.machine import cpu_model, git_commit
+from specserve.benchmark.machine import cpu_model, git_commit  # noqa: E402
 from specserve.benchmark.prompts import load_dataset  # noqa: E402
 from specserve.benchmark.server_metrics import scrape  # noqa: E402
 

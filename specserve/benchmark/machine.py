@@ -5,6 +5,7 @@ the bench/ scripts take both from here.
 """
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 from pathlib import Path
@@ -38,7 +39,10 @@ def cpu_name() -> str:
 
 
 def git_commit(default: str = "") -> str:
-    """This checkout's short commit hash; `default` outside a git checkout (a device's copy of the tree)."""
+    """This checkout's short commit hash; $SPECSERVE_COMMIT where set (a lent device's copy of the tree has no
+    .git, or a stale one); `default` outside a git checkout."""
+    if os.environ.get("SPECSERVE_COMMIT"):
+        return os.environ["SPECSERVE_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
     except OSError:

@@ -57,20 +57,17 @@ class CudaGraphRunner:
                                   device=self.device)
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.pool = None
+        self.prefill = os.environ.get("SPECSERVE_GRAPH_PREFILL") != "0"  # prefill chunks past 32 tokens too
 
     def capture_all(self, max_decodes: int) -> None:
         """Captures, largest first (smaller graphs then reuse the pool's memory), pure-decode steps of up to
         `max_decodes` sequences, verify-shaped steps (up to 8 queries a sequence) and steps with prefill pieces
         (up to 32) of every bucket, so that no step waits for a capture while serving."""
         for bucket in reversed(self.buckets):
-            for qmax in (QMAX_VARIANTS[2], QMAX_VARIANTS[1], QMAX_VARIANTS[0]):
-                if qmax == QMAX_VARIANTS[1] or (qmax == 1 and bucket <= max_decodes) or (qmax > 8 and self.prefill):
-                    self.graphs[bucket, qmax] = self._capture(bucket, qmax)
-
-    @property
-    def prefill(self) -> bool:
-        """Whether prefill chunks of more than 32 tokens replay graphs (in pieces)."""
-        return os.environ.get("SPECSERVE_GRAPH_PREFILL") != "0"
+            for qmax in reversed(QMAX_VARIANTS):
+                if (qmax == 1 and bucket > max_decodes) or (qmax > 8 and not self.prefill):
+                    continue
+                self.graphs[bucket, qmax] = self._capture(bucket, qmax)
 
     def can_run(self, items: list[ForwardItem], features) -> bool:
         if features is not None or any(len(it.block_table) > self.width for it in items):

@@ -23,13 +23,15 @@ from specserve.model.gpu_attention import triton
 if triton is not None:
     import triton.language as tl
 
+ENABLED = os.environ.get("SPECSERVE_GPU_FUSED") != "0"  # read once: the layers ask on every call
+
 
 def supported(x: torch.Tensor, head_dim: int | None = None) -> bool:
     """Whether the layer of input `x` takes the fused kernels: a CUDA tensor, Triton installed, inference
     (no autograd: the residual stream is updated in place), not switched off; with `head_dim`, also rope's
     (a power of two: Triton's tiles). The tests also call the kernels on the CPU under Triton's interpreter."""
     return (triton is not None and x.device.type == "cuda" and not torch.is_grad_enabled()
-            and os.environ.get("SPECSERVE_GPU_FUSED") != "0"
+            and ENABLED
             and (head_dim is None or (head_dim >= 2 and head_dim & (head_dim - 1) == 0)))
 
 

@@ -20,5 +20,13 @@ def test_without_cpuinfo_the_name_comes_from_platform(monkeypatch):
 
 
 def test_outside_a_checkout_the_commit_is_the_default(monkeypatch, tmp_path):
+    monkeypatch.delenv("SPECSERVE_COMMIT", raising=False)
     monkeypatch.setattr(machine, "REPO", tmp_path)
     assert machine.git_commit("?") == "?"
+
+
+def test_a_named_commit_wins_over_the_checkouts(monkeypatch):
+    """A lent device's copy of the tree carries a stale .git (a GPU run once recorded the session's first
+    commit): the caller names the commit."""
+    monkeypatch.setenv("SPECSERVE_COMMIT", "abc1234")
+    assert machine.git_commit("?") == "abc1234"
