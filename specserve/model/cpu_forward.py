@@ -27,9 +27,12 @@ def can_run(model, x: torch.Tensor, kv_cache: torch.Tensor, meta) -> bool:
             and meta.short.num_tokens == x.shape[0] and not torch.is_grad_enabled()
             and not torch.autograd._profiler_enabled() and kernels.available()):
         return False
-    layer = model.layers[0]
-    linears = [layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj]
-    return (all(isinstance(m, KernelLinear) for m in linears) and layer.gate_up_proj.interleaved
+    # Every layer's, not only the first's: a GGUF file may leave some layers' matrices dense (a fused group
+    # of mixed formats). ~120 isinstance checks, a few microseconds a step.
+    linears = [m for layer in model.layers
+               for m in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)]
+    return (all(isinstance(m, KernelLinear) for m in linears)
+            and all(layer.gate_up_proj.interleaved for layer in model.layers)
             and (x.shape[0] <= SMALL_ROWS or all(m.large is None for m in linears)))
 
 

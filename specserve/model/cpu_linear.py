@@ -2,8 +2,8 @@
 
 `KernelLinear` replaces an nn.Linear for inference on the CPU. Its weight is held in the layout the kernel
 reads, chosen at load: float32/bf16 rows padded with zeros to a multiple of 32 inputs; GGUF blocks
-(Q8_0, Q4_0, Q4_1, Q4_K) either for **integer dot products** (the default: formats "i4", "i8" and
-"i4w", `kernels/int8_dot.h`), where each input row is quantized to int8 blocks and multiplied in int32, or
+(Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) either for **integer dot products** (the default: formats "i4", "i8",
+"i4w" and "i6", `kernels/int8_dot.h`), where each input row is quantized to int8 blocks and multiplied in int32, or
 for the **exact path** (SPECSERVE_INT8_DOT=0: the blocks as the file has them, the nibbles of the 4-bit
 formats reordered inside each run of 32 weights by `repack_q4`, expanded to float32). The exact path
 equals the dequantized float32 matrix times x up to the order of accumulation; the integer path adds
@@ -27,7 +27,7 @@ from torch import nn
 
 from specserve.model import kernels
 
-QUANT_FORMATS = ("q8_0", "q4_0", "q4_1", "q4_k")
+QUANT_FORMATS = ("q8_0", "q4_0", "q4_1", "q4_k", "q6_k")  # what KernelLinear reads (gguf-py quantizes the first 3)
 DENSE_FORMATS = {torch.float32: "f32", torch.bfloat16: "bf16"}
 SMALL_ROWS = 16  # with batch invariance off, larger inputs take `KernelLinear.large` where there is one
 PAD = 32  # float32/bf16 rows are padded to a multiple of this many inputs (the kernel's block)

@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -18,20 +17,12 @@ from torch import nn
 
 from specserve.model import kernels
 from specserve.model.cpu_linear import KernelLinear, dequantize_gguf, kernel_can_run, quantize
+from tests.model.gguf_fixtures import random_q4_k, random_q6_k
 
 pytestmark = pytest.mark.skipif(not kernel_can_run(torch.zeros(1)), reason="no C compiler: no kernel here")
 
-FORMATS = ["f32", "bf16", "q8_0", "q4_0", "q4_1", "q4_k"]
-
-
-def random_q4_k(n: int, k: int, seed: int = 0) -> torch.Tensor:
-    """Q4_K blocks: random nibbles and 6-bit scales/mins, small positive f16 super-scales (gguf-py cannot
-    quantize to Q4_K)."""
-    rng = np.random.default_rng(seed)
-    b = rng.integers(0, 256, size=(n, k // 256, 144), dtype=np.uint8)
-    b[..., 0:4] = np.frombuffer(rng.uniform(1e-3, 0.05, n * (k // 256) * 2).astype(np.float16).tobytes(),
-                                np.uint8).reshape(n, k // 256, 4)
-    return torch.from_numpy(b.reshape(n, -1))
+FORMATS = ["f32", "bf16", "q8_0", "q4_0", "q4_1", "q4_k", "q6_k"]
+SUPER_BLOCKS = {"q4_k": random_q4_k, "q6_k": random_q6_k}  # 256 inputs a block; gguf-py cannot quantize them
 
 
 def make(fmt: str, n: int, k: int, bias: bool = False, interleave: bool = False, seed: int = 0,
@@ -46,7 +37,8 @@ def make(fmt: str, n: int, k: int, bias: bool = False, interleave: bool = False,
             lin.bias.data.copy_(b)
             b = lin.bias.detach().float()
         return KernelLinear.from_linear(lin, interleave), lin.weight.detach().float(), b
-    blocks = random_q4_k(n, k, seed) if fmt == "q4_k" else quantize(torch.randn(n, k), fmt)
+    blocks = torch.from_numpy(SUPER_BLOCKS[fmt]((n, k), seed)) if fmt in SUPER_BLOCKS else quantize(
+        torch.randn(n, k), fmt)
     return (KernelLinear.from_gguf_blocks(blocks, fmt, k, b, interleave, int8_dot=int8_dot),
             dequantize_gguf(blocks, fmt, k), b)
 
@@ -71,7 +63,7 @@ def test_weights_expand_to_gguf_py_values_bit_for_bit(fmt):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_matches_the_dequantized_product(fmt, dtype):
     # n = 45: a partial group of outputs; dense k = 200: padded inputs (not a multiple of 32).
-    n, k = 45, 512 if fmt == "q4_k" else (200 if fmt in ("f32", "bf16") else 96)
+    n, k = 45, 512 if fmt in SUPER_BLOCKS else (200 if fmt in ("f32", "bf16") else 96)
     lin, w, b = make(fmt, n, k, bias=True)
     for rows in list(range(1, 18)) + [50, 97]:  # 50, 97: more than one block of 48 rows
         x = torch.randn(rows, k).to(dtype)
@@ -84,7 +76,7 @@ def test_matches_the_dequantized_product(fmt, dtype):
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_row_gets_the_same_bits_whatever_rows_come_with_it(fmt, dtype):
-    k = 512 if fmt == "q4_k" else 160
+    k = 512 if fmt in SUPER_BLOCKS else 160
     lin, _, _ = make(fmt, 37, k, bias=True)
     torch.manual_seed(1)
     x = torch.randn(100, k).to(dtype)
@@ -118,7 +110,7 @@ def test_add_into_rounds_as_residual_plus_output(fmt, dtype):
     assert torch.equal(got, want)
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "q4_0", "q4_k"])
+@pytest.mark.parametrize("fmt", ["bf16", "q4_0", "q4_k", "q6_k"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_interleaved_gate_up_gives_swiglu_and_the_usual_outputs(fmt, dtype):
     k = 256

@@ -16,17 +16,17 @@ import torch.nn.functional as F
 from specserve.model.cpu_linear import KernelLinear, dequantize_gguf, int8_dot_default, kernel_can_run, quantize
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_cpu_linear import make  # noqa: E402
+from test_cpu_linear import SUPER_BLOCKS, make  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not kernel_can_run(torch.zeros(1)), reason="no C compiler: no kernel here")
 
-FORMATS = ["q8_0", "q4_0", "q4_1", "q4_k"]
+FORMATS = ["q8_0", "q4_0", "q4_1", "q4_k", "q6_k"]
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 # Inputs -> the group layout: 96 = a tail of 3 blocks (S = 4), 160 = 5 blocks (a padded whole group),
 # 576 = 2 groups and a tail of 2 (S = 2, SmolLM2's hidden size), 512 = 2 whole groups.
-WIDTHS = [(fmt, k) for fmt in FORMATS for k in ([512] if fmt == "q4_k" else [96, 160, 576])]
+WIDTHS = [(fmt, k) for fmt in FORMATS for k in ([512] if fmt in SUPER_BLOCKS else [96, 160, 576])]
 
 
 def quantization_bound(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
@@ -42,7 +42,7 @@ def quantization_bound(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None)
 @pytest.mark.parametrize("fmt, k", WIDTHS)
 def test_repacked_weights_are_gguf_py_values_bit_for_bit(fmt, k):
     lin, w, _ = make(fmt, 45, k, int8_dot=True)
-    assert lin.fmt == {"q8_0": "i8", "q4_k": "i4w"}.get(fmt, "i4") and lin.source_fmt == fmt
+    assert lin.fmt == {"q8_0": "i8", "q4_k": "i4w", "q6_k": "i6"}.get(fmt, "i4") and lin.source_fmt == fmt
     assert torch.equal(lin.dense_weight(), w)
 
 
@@ -68,7 +68,7 @@ def test_within_the_activations_quantization_error(fmt, k, dtype):
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_row_gets_the_same_bits_whatever_rows_come_with_it(fmt, dtype):
-    k = 512 if fmt == "q4_k" else 96  # 96: a tail group of 3 blocks (and one zero block)
+    k = 512 if fmt in SUPER_BLOCKS else 96  # 96: a tail group of 3 blocks (and one zero block)
     lin, _, _ = make(fmt, 37, k, bias=True, int8_dot=True)
     torch.manual_seed(1)
     x = torch.randn(100, k).to(dtype)
@@ -119,8 +119,8 @@ import sys, torch
 sys.path.insert(0, 'tests/model')
 from test_cpu_linear import make
 out = {}
-for fmt in ('q8_0', 'q4_0', 'q4_1', 'q4_k'):
-    k = 512 if fmt == 'q4_k' else 352
+for fmt in ('q8_0', 'q4_0', 'q4_1', 'q4_k', 'q6_k'):
+    k = 512 if fmt in ('q4_k', 'q6_k') else 352
     lin, _, _ = make(fmt, 29, k, bias=True, int8_dot=True)
     torch.manual_seed(3)
     for dtype in (torch.float32, torch.bfloat16):

@@ -268,11 +268,13 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
 
 
 # Weight formats of `linear` (codes of linear.c) and, for the GGUF ones, (weights per block, bytes per block).
-# "i4" / "i8" / "i4w": 4-bit / 8-bit GGUF weights repacked for integer dot products (int8_dot.h), with f16
-# scales ("i4w": float32 scales, for Q4_K's).
-WEIGHT_FORMATS = {"f32": 0, "bf16": 1, "q8_0": 2, "q4_0": 3, "q4_1": 4, "q4_k": 5, "i4": 6, "i8": 7, "i4w": 8}
-INT8_FORMATS = ("i4", "i8", "i4w")
-GGUF_BLOCKS = {"q8_0": (32, 34), "q4_0": (32, 18), "q4_1": (32, 20), "q4_k": (256, 144)}
+# "i4" / "i8" / "i4w" / "i6": 4-bit / 8-bit / Q6_K's 6-bit GGUF weights repacked for integer dot products
+# (int8_dot.h), with f16 scales ("i4w": float32 scales, for Q4_K's; "i6": Q6_K's int8 scales and float32 d).
+WEIGHT_FORMATS = {"f32": 0, "bf16": 1, "q8_0": 2, "q4_0": 3, "q4_1": 4, "q4_k": 5, "q6_k": 6, "i4": 7, "i8": 8,
+                  "i4w": 9, "i6": 10}
+INT8_FORMATS = ("i4", "i8", "i4w", "i6")
+INT8_FORMAT_OF = {"q8_0": "i8", "q4_0": "i4", "q4_1": "i4", "q4_k": "i4w", "q6_k": "i6"}  # GGUF -> integer path
+GGUF_BLOCKS = {"q8_0": (32, 34), "q4_0": (32, 18), "q4_1": (32, 20), "q4_k": (256, 144), "q6_k": (256, 210)}
 LINEAR_MODES = {"store": 0, "add": 1, "swiglu": 2}
 
 
@@ -311,10 +313,10 @@ def int8_layout(kernel_fmt: str, in_features: int) -> tuple[int, int]:
 
 
 def pack_int8(blocks: torch.Tensor, fmt: str, in_features: int) -> tuple[torch.Tensor, str] | None:
-    """GGUF blocks [N, row bytes] of `fmt` -> (rows [N, bytes] uint8 in int8_dot.h's layout, their format:
-    "i8" from Q8_0, "i4w" from Q4_K, "i4" from Q4_0/Q4_1); None if a scale does not fit its f16 layout
-    (a Q4_0 or Q8_0 scale beyond f16's range once multiplied by -8 or -128)."""
-    kernel_fmt = {"q8_0": "i8", "q4_k": "i4w"}.get(fmt, "i4")
+    """GGUF blocks [N, row bytes] of `fmt` -> (rows [N, bytes] uint8 in int8_dot.h's layout, their format,
+    INT8_FORMAT_OF[fmt]); None if a scale does not fit its f16 layout (a Q4_0 or Q8_0 scale beyond f16's
+    range once multiplied by -8 or -128)."""
+    kernel_fmt = INT8_FORMAT_OF[fmt]
     padded, row_bytes = int8_layout(kernel_fmt, in_features)
     blocks = blocks.contiguous()
     out = torch.empty(blocks.shape[0], row_bytes, dtype=torch.uint8)

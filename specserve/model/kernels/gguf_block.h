@@ -1,4 +1,5 @@
-/* What the linear kernels read from GGUF blocks: f16 scales and Q4_K's packed 6-bit scales and mins. */
+/* What the linear kernels read from GGUF blocks: f16 scales, Q4_K's packed 6-bit scales and mins, Q6_K's
+ * split 6-bit weights. */
 #ifndef SPECSERVE_GGUF_BLOCK_H
 #define SPECSERVE_GGUF_BLOCK_H
 #include <stdint.h>
@@ -55,6 +56,17 @@ static inline void q4_k_scales(const uint8_t *p, float *ks) {
         ks[8 + j] = -dmin * (float)mnb[j];
     }
 #endif
+}
+
+/* Q6_K super-block of 256 (210 bytes): ql[128] (low 4 bits), qh[64] (high 2 bits), int8 scales[16] (one
+ * per 16 weights), f16 d; w = (d sc) (q - 32). Block j (weights 32 j .. 32 j + 31) of the super-block at p:
+ * its 6-bit q[32], laid out as ggml's dequantize_row_q6_K reads them (half n = j / 4 of the super-block,
+ * quarter k = j % 4: ql byte 64 n + 32 (k % 2) + l, nibble k / 2; qh byte 32 n + l, bits 2 k). */
+static inline void q6_k_block(const uint8_t *p, int j, uint8_t *q) {
+    const int n = j / 4, k = j % 4;
+    const uint8_t *ql = p + 64 * n + 32 * (k % 2), *qh = p + 128 + 32 * n;
+    for (int l = 0; l < 32; l++)
+        q[l] = (uint8_t)(((ql[l] >> (4 * (k / 2))) & 0x0f) | ((qh[l] >> (2 * k)) & 0x03) << 4);
 }
 
 #endif

@@ -1,4 +1,5 @@
-/* Integer dot products for 4-bit and 8-bit weights (included by linear.c: FMT_I4, FMT_I8, FMT_I4_WIDE).
+/* Integer dot products for 4-, 6- and 8-bit weights (included by linear.c: FMT_I4, FMT_I8, FMT_I4_WIDE,
+ * FMT_I6).
  *
  * Why: expanding weights to float32 costs more arithmetic per row than the multiply-adds themselves, so
  * 32 rows cost ~12x one row. Here each row of x is quantized once per call to int8 in blocks of 32
@@ -28,8 +29,18 @@
  *     of chunk c holds lane l's weight of step 2c, byte i (low nibble) and of step 2c + 1 (high).
  *     I8: S chunks of 32 bytes; byte 4l + i of chunk t: lane l's weight of step t, byte i (u = q + 128).
  *   activation row, per group: S steps of 32 bytes (byte 4l + i of step t: lane l's a of step t, byte i),
- *     then da[8], s[8] (float32; s of the whole block in each of its lanes), sum(a)[8] (int32, over the
- *     lane's own bytes). Lane l's byte i of step t is byte 4 S (l % L) + 4 t + i of block l / L. */
+ *     then da[8], s[8] (float32; s of the whole block in each of its lanes), sum(a)[8] and half(a)[8]
+ *     (int32, over the lane's own bytes: all, and those of steps t < S / 2). Lane l's byte i of step t is
+ *     byte 4 S (l % L) + 4 t + i of block l / L.
+ *
+ * Q6_K ("I6", kind KIND_I6) has a scale per 16 weights, so its block sum is two sums: with S = 8 (a Q6_K
+ * row is whole super-blocks of 256, one group each), steps 0-3 of lane l are weights 0-15 of block l and
+ * steps 4-7 weights 16-31. Its u = q in [0, 63] and w = d sc (u - 32), so the block's exact integer is
+ * D = sc0 (A - 32 half) + sc1 (B - 32 (sum - half)), A and B the two halves' sums of u a (|D| < 2^24: exact
+ * in float32), and f = fma(float(D) da, d, f), no offset term. Weight group: the low nibbles as I4's (4
+ * chunks: byte 4l + i of chunk c holds step 2c's low nibble and step 2c + 1's high), the high 2 bits in
+ * 2 chunks (byte 4l + i of chunk h, bits 2s: step 4h + s), sc0[8] and sc1[8] (int8), d (float32), padding:
+ * 224 bytes a 256 weights (7 bits a weight; the file's Q6_K has 6.56). */
 #ifndef SPECSERVE_INT8_DOT_H
 #define SPECSERVE_INT8_DOT_H
 #include <math.h>
@@ -38,7 +49,7 @@
 
 #include "gguf_block.h"
 
-enum { GROUP_IN = 256 };
+enum { GROUP_IN = 256, KIND_I6 = 3, I6_GROUP_BYTES = 224 };
 
 /* Steps of group g of a row of Kp inputs (8, or the tail's 2 or 4), and bytes of a group of S steps. */
 static inline int group_steps(int g, int Kp) { return g < Kp / GROUP_IN ? 8 : (Kp % GROUP_IN) / 32; }
@@ -48,15 +59,18 @@ static inline int int8_padded(int K) {
     const int tail = (K / 32) % 8;
     return K - 32 * tail + 32 * (tail == 0 ? 0 : tail <= 2 ? 2 : tail <= 4 ? 4 : 8);
 }
-/* kind: bit 0 set for 8-bit weights (I8), bit 1 for float32 scales (wide); else 4-bit, f16 scales. */
-static inline int w_group_bytes(int kind, int S) { return (kind & 1 ? 32 : 16) * S + (kind & 2 ? 64 : 32); }
-static inline int w_ints_bytes(int kind, int S) { return (kind & 1 ? 32 : 16) * S; }
+/* kind: KIND_I6 (Q6_K, above); else bit 0 set for 8-bit weights (I8), bit 1 for float32 scales (wide), neither
+ * for 4-bit weights with f16 scales. */
+static inline int w_group_bytes(int kind, int S) {
+    return kind == KIND_I6 ? I6_GROUP_BYTES : (kind & 1 ? 32 : 16) * S + (kind & 2 ? 64 : 32);
+}
+static inline int w_ints_bytes(int kind, int S) { return kind == KIND_I6 ? 24 * S : (kind & 1 ? 32 : 16) * S; }
 
 /* Lane l's dw and m of a weight group whose scales start at p. */
 static inline float scale_at(int kind, const uint8_t *p, int l) {
     return kind & 2 ? ((const float *)p)[l] : f16_to_f32(read_u16(p + 2 * l));
 }
-static inline int x_group_bytes(int S) { return 32 * S + 96; }
+static inline int x_group_bytes(int S) { return 32 * S + 128; }
 /* Bytes of a row of Kp inputs whose whole groups take `whole` bytes and whose tail group (if any) `tail`. */
 static inline int64_t row_bytes(int Kp, int whole, int tail) {
     return (int64_t)(Kp / GROUP_IN) * whole + (Kp % GROUP_IN ? tail : 0);
@@ -103,7 +117,7 @@ static void int8_quantize_row(const float *x, int Kp, uint8_t *dst) {
         const int S = group_steps(g, Kp), L = 8 / S;
         uint8_t *xg = dst + (int64_t)g * x_group_bytes(8);
         float *da = (float *)(xg + 32 * S), *s = da + 8;
-        int32_t *sum = (int32_t *)(s + 8);
+        int32_t *sum = (int32_t *)(s + 8), *half = sum + 8;
         for (int j = 0; j < S; j++) { /* block j of the group */
             const float *xb = x + (int64_t)g * GROUP_IN + 32 * j;
             int8_t q[32];
@@ -134,11 +148,12 @@ static void int8_quantize_row(const float *x, int Kp, uint8_t *dst) {
             for (int l = j * L; l < (j + 1) * L; l++) {
                 da[l] = d;
                 s[l] = d * (float)total;
-                sum[l] = L == 1 ? total : 0;
+                sum[l] = half[l] = 0;
                 for (int t = 0; t < S; t++) {
                     const int8_t *a = q + lane_byte(S, l, t, 0) - 32 * j;
                     memcpy(xg + 32 * t + 4 * l, a, 4);
-                    if (L > 1) sum[l] += a[0] + a[1] + a[2] + a[3];
+                    sum[l] += a[0] + a[1] + a[2] + a[3];
+                    if (t < S / 2) half[l] = sum[l];
                 }
             }
         }
@@ -186,9 +201,41 @@ static inline int f16_exact(float v, uint16_t *h) {
     return f16_to_f32(*h) == v;
 }
 
-/* One GGUF row of K inputs -> a row of Kp inputs of this kind (I8 from Q8_0, wide from Q4_K), zero blocks
- * past K. Returns 0 if a scale does not fit the f16 layout (-8 d or -128 d out of f16's range). */
+/* One Q6_K row of K inputs (a multiple of 256) -> I6 groups (the layout at the top). */
+static void int6_pack_row(const uint8_t *row, int K, uint8_t *dst) {
+    memset(dst, 0, (size_t)int8_w_bytes(KIND_I6, K));
+    for (int g = 0; g < K / GROUP_IN; g++) {
+        const uint8_t *p = row + 210 * g;
+        uint8_t *wg = dst + (int64_t)g * I6_GROUP_BYTES;
+        for (int l = 0; l < 8; l++) {
+            uint8_t q[32];
+            q6_k_block(p, l, q);
+            for (int t = 0; t < 8; t++)
+                for (int i = 0; i < 4; i++) {
+                    wg[32 * (t / 2) + 4 * l + i] |= (uint8_t)((q[4 * t + i] & 0x0f) << (t % 2 ? 4 : 0));
+                    wg[128 + 32 * (t / 4) + 4 * l + i] |= (uint8_t)((q[4 * t + i] >> 4) << (2 * (t % 4)));
+                }
+            wg[192 + l] = p[192 + 2 * l];
+            wg[200 + l] = p[193 + 2 * l];
+        }
+        const float d = f16_to_f32(read_u16(p + 208));
+        memcpy(wg + 208, &d, 4);
+    }
+}
+
+/* Lane l's u of step t, byte i, in an I6 weight group. */
+static inline int i6_int(const uint8_t *wg, int l, int t, int i) {
+    return ((wg[32 * (t / 2) + 4 * l + i] >> (t % 2 ? 4 : 0)) & 0x0f)
+           | ((wg[128 + 32 * (t / 4) + 4 * l + i] >> (2 * (t % 4))) & 0x03) << 4;
+}
+
+/* One GGUF row of K inputs -> a row of Kp inputs of this kind (I8 from Q8_0, wide from Q4_K, I6 from Q6_K),
+ * zero blocks past K. Returns 0 if a scale does not fit the f16 layout (-8 d or -128 d out of f16's range). */
 static int int8_pack_row(int fmt, int kind, const uint8_t *row, int K, int Kp, uint8_t *dst) {
+    if (kind == KIND_I6) {
+        int6_pack_row(row, K, dst);
+        return 1;
+    }
     const int i8 = kind & 1;
     memset(dst, 0, (size_t)int8_w_bytes(kind, Kp));
     for (int b = 0; b < K / 32; b++) {
@@ -226,6 +273,19 @@ static inline int w_int(int kind, const uint8_t *wg, int l, int t, int i) {
 
 /* The float32 values dw u + m of a row's first K inputs (equal to the GGUF block's own). */
 static void int8_dequantize_row(int kind, const uint8_t *row, int K, float *dst) {
+    if (kind == KIND_I6) { /* (d sc) (u - 32), as gguf-py computes it */
+        for (int g = 0; g < K / GROUP_IN; g++) {
+            const uint8_t *wg = row + (int64_t)g * I6_GROUP_BYTES;
+            float d;
+            memcpy(&d, wg + 208, 4);
+            for (int l = 0; l < 8; l++)
+                for (int t = 0; t < 8; t++)
+                    for (int i = 0; i < 4; i++)
+                        dst[GROUP_IN * g + 32 * l + 4 * t + i] =
+                            d * (float)(int8_t)wg[192 + 8 * (t / 4) + l] * (float)(i6_int(wg, l, t, i) - 32);
+        }
+        return;
+    }
     const int Kp = int8_padded(K);
     for (int b = 0; b < K / 32; b++) {
         const int g = b / 8, S = group_steps(g, Kp), L = 8 / S, j = b % 8;
@@ -320,6 +380,74 @@ static inline __attribute__((always_inline)) void int_tile(const int kind, const
         y[r * ys] = _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)));
     }
 }
+/* Lane bytes' high 2 bits of step 4 h + c (c < 4) moved to bits 4-5: h holds them at bits 2c. */
+static inline __m256i i6_high(__m256i h, const int c) {
+    const __m256i top = _mm256_set1_epi8(0x30);
+    if (c == 0) return _mm256_and_si256(_mm256_slli_epi16(h, 4), top);
+    if (c == 1) return _mm256_and_si256(_mm256_slli_epi16(h, 2), top);
+    if (c == 2) return _mm256_and_si256(h, top);
+    return _mm256_and_si256(_mm256_srli_epi16(h, 2), top);
+}
+
+/* int_tile for I6 (Q6_K): a0 sums steps 0-3 (each block's first 16 weights), a1 steps 4-7, so that each
+ * half gets its own scale; steps c and c + 4 go together. */
+static inline __attribute__((always_inline)) void int6_tile(const uint8_t *w, const uint8_t *ahead, const uint8_t *xq,
+                                                            int64_t xb, int Kp, const int RT, float *y, int ys) {
+    const __m256i low = _mm256_set1_epi8(0x0f);
+#if !VNNI
+    const __m256i ones = _mm256_set1_epi16(1);
+#endif
+    __m256 f[INT_ROWS];
+    for (int r = 0; r < RT; r++) f[r] = _mm256_setzero_ps();
+    for (int g = 0; g < Kp / GROUP_IN; g++) {
+        const uint8_t *wg = w + (int64_t)g * I6_GROUP_BYTES, *xg = xq + (int64_t)g * x_group_bytes(8);
+        for (int line = 0; line < I6_GROUP_BYTES; line += 64)
+            _mm_prefetch((const char *)ahead + (int64_t)g * I6_GROUP_BYTES + line, _MM_HINT_T0);
+        __m256i a0[INT_ROWS], a1[INT_ROWS];
+        for (int r = 0; r < RT; r++) a0[r] = a1[r] = _mm256_setzero_si256();
+        const __m256i h0 = _mm256_loadu_si256((const __m256i *)(wg + 128));
+        const __m256i h1 = _mm256_loadu_si256((const __m256i *)(wg + 160));
+        _Pragma("GCC unroll 4")
+        for (int c = 0; c < 4; c++) {
+            __m256i n0 = _mm256_loadu_si256((const __m256i *)(wg + 32 * (c / 2)));
+            __m256i n1 = _mm256_loadu_si256((const __m256i *)(wg + 32 * (c / 2 + 2)));
+            if (c % 2) {
+                n0 = _mm256_srli_epi16(n0, 4);
+                n1 = _mm256_srli_epi16(n1, 4);
+            }
+            const __m256i u0 = _mm256_or_si256(_mm256_and_si256(n0, low), i6_high(h0, c));
+            const __m256i u1 = _mm256_or_si256(_mm256_and_si256(n1, low), i6_high(h1, c));
+            for (int r = 0; r < RT; r++) {
+                const __m256i x0 = _mm256_loadu_si256((const __m256i *)(xg + r * xb + 32 * c));
+                const __m256i x1 = _mm256_loadu_si256((const __m256i *)(xg + r * xb + 32 * (c + 4)));
+#if VNNI
+                a0[r] = DPBUSD(a0[r], u0, x0);
+                a1[r] = DPBUSD(a1[r], u1, x1);
+#else /* u <= 63: pairs of maddubs stay below 2^15, but 4 steps of them would not: to int32 each step */
+                a0[r] = _mm256_add_epi32(a0[r], _mm256_madd_epi16(_mm256_maddubs_epi16(u0, x0), ones));
+                a1[r] = _mm256_add_epi32(a1[r], _mm256_madd_epi16(_mm256_maddubs_epi16(u1, x1), ones));
+#endif
+            }
+        }
+        const __m256i sc0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(wg + 192)));
+        const __m256i sc1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(wg + 200)));
+        const __m256 d = _mm256_set1_ps(*(const float *)(wg + 208));
+        for (int r = 0; r < RT; r++) {
+            const uint8_t *xr = xg + r * xb + 256; /* da[8], s[8], sum(a)[8], half(a)[8] */
+            const __m256i sum = _mm256_loadu_si256((const __m256i *)(xr + 64));
+            const __m256i half = _mm256_loadu_si256((const __m256i *)(xr + 96));
+            const __m256i A = _mm256_sub_epi32(a0[r], _mm256_slli_epi32(half, 5));
+            const __m256i B = _mm256_sub_epi32(a1[r], _mm256_slli_epi32(_mm256_sub_epi32(sum, half), 5));
+            const __m256i D = _mm256_add_epi32(_mm256_mullo_epi32(sc0, A), _mm256_mullo_epi32(sc1, B));
+            f[r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(D), _mm256_loadu_ps((const float *)xr)), d, f[r]);
+        }
+    }
+    for (int r = 0; r < RT; r++) {
+        __m128 v = _mm_add_ps(_mm256_castps256_ps128(f[r]), _mm256_extractf128_ps(f[r], 1));
+        v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+        y[r * ys] = _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)));
+    }
+}
 #else
 static void int_tile(const int kind, const uint8_t *w, const uint8_t *ahead, const uint8_t *xq, int64_t xb, int Kp,
                      const int RT, float *y, int ys) {
@@ -342,7 +470,36 @@ static void int_tile(const int kind, const uint8_t *w, const uint8_t *ahead, con
         y[r * ys] = ((f[0] + f[4]) + (f[2] + f[6])) + ((f[1] + f[5]) + (f[3] + f[7])); /* the SIMD tree */
     }
 }
+static void int6_tile(const uint8_t *w, const uint8_t *ahead, const uint8_t *xq, int64_t xb, int Kp, const int RT,
+                      float *y, int ys) {
+    (void)ahead;
+    for (int r = 0; r < RT; r++) {
+        float f[8] = {0};
+        for (int g = 0; g < Kp / GROUP_IN; g++) {
+            const uint8_t *wg = w + (int64_t)g * I6_GROUP_BYTES, *xg = xq + r * xb + (int64_t)g * x_group_bytes(8);
+            const float *da = (const float *)(xg + 256), d = *(const float *)(wg + 208);
+            for (int l = 0; l < 8; l++) {
+                int32_t D = 0;
+                for (int t = 0; t < 8; t++) {
+                    int32_t part = 0;
+                    for (int i = 0; i < 4; i++) part += (i6_int(wg, l, t, i) - 32) * (int8_t)xg[32 * t + 4 * l + i];
+                    D += (int8_t)wg[192 + 8 * (t / 4) + l] * part;
+                }
+                f[l] = fmaf((float)D * da[l], d, f[l]);
+            }
+        }
+        y[r * ys] = ((f[0] + f[4]) + (f[2] + f[6])) + ((f[1] + f[5]) + (f[3] + f[7])); /* the SIMD tree */
+    }
+}
 #endif
+
+/* One tile of either layout. */
+static inline __attribute__((always_inline)) void any_tile(const int kind, const uint8_t *w, const uint8_t *ahead,
+                                                           const uint8_t *xq, int64_t xb, int Kp, const int RT,
+                                                           float *y, int ys) {
+    if (kind == KIND_I6) int6_tile(w, ahead, xq, xb, Kp, RT, y, ys);
+    else int_tile(kind, w, ahead, xq, xb, Kp, RT, y, ys);
+}
 
 /* y[r * ys + o] for rows r < rows of xq against the no weight rows at w; `ahead`: a row to prefetch. */
 static void int8_rows(const int kind, const uint8_t *w, int64_t row_bytes, int no, const uint8_t *xq, int64_t xb,
@@ -354,16 +511,16 @@ static void int8_rows(const int kind, const uint8_t *w, int64_t row_bytes, int n
             const uint8_t *wo = w + o * row_bytes, *ahead = wo + 4 * row_bytes;
             float *yo = y + r0 * ys + o;
             switch (rt) { /* each row count its own unrolled tile */
-            case 1: int_tile(kind, wo, ahead, xr, xb, Kp, 1, yo, ys); break;
-            case 2: int_tile(kind, wo, ahead, xr, xb, Kp, 2, yo, ys); break;
-            case 3: int_tile(kind, wo, ahead, xr, xb, Kp, 3, yo, ys); break;
+            case 1: any_tile(kind, wo, ahead, xr, xb, Kp, 1, yo, ys); break;
+            case 2: any_tile(kind, wo, ahead, xr, xb, Kp, 2, yo, ys); break;
+            case 3: any_tile(kind, wo, ahead, xr, xb, Kp, 3, yo, ys); break;
 #if INT_ROWS > 4
-            case 4: int_tile(kind, wo, ahead, xr, xb, Kp, 4, yo, ys); break;
-            case 5: int_tile(kind, wo, ahead, xr, xb, Kp, 5, yo, ys); break;
-            case 6: int_tile(kind, wo, ahead, xr, xb, Kp, 6, yo, ys); break;
-            case 7: int_tile(kind, wo, ahead, xr, xb, Kp, 7, yo, ys); break;
+            case 4: any_tile(kind, wo, ahead, xr, xb, Kp, 4, yo, ys); break;
+            case 5: any_tile(kind, wo, ahead, xr, xb, Kp, 5, yo, ys); break;
+            case 6: any_tile(kind, wo, ahead, xr, xb, Kp, 6, yo, ys); break;
+            case 7: any_tile(kind, wo, ahead, xr, xb, Kp, 7, yo, ys); break;
 #endif
-            default: int_tile(kind, wo, ahead, xr, xb, Kp, INT_ROWS, yo, ys); break;
+            default: any_tile(kind, wo, ahead, xr, xb, Kp, INT_ROWS, yo, ys); break;
             }
         }
     }

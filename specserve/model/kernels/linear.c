@@ -1,5 +1,5 @@
 /* Linear layers y = x W^T (+ bias) on the CPU, for weights in float32, bf16 or GGUF blocks (Q8_0,
- * Q4_0, Q4_1, Q4_K), read straight from their blocks: no dequantized copy of the weights exists.
+ * Q4_0, Q4_1, Q4_K, Q6_K), read straight from their blocks: no dequantized copy of the weights exists.
  *
  * Why not torch: on CPUs without AVX-512, torch's bf16 F.linear (oneDNN cannot pack bf16 weights there)
  * reads a decode's weights at 4-15 GB/s and its int8/int4 weight-only kernels at 1-13 GB/s, and none
@@ -34,10 +34,10 @@
 #define SIMD 0
 #endif
 
-/* FMT_I4, FMT_I8, FMT_I4_WIDE: 4-bit and 8-bit weights in int8_dot.h's layout (f16 scales; float32 for
- * Q4_K's), multiplied by int8-quantized activations; fmt - FMT_I4 is int8_dot.h's kind. */
-enum { FMT_F32 = 0, FMT_BF16 = 1, FMT_Q8_0 = 2, FMT_Q4_0 = 3, FMT_Q4_1 = 4, FMT_Q4_K = 5, FMT_I4 = 6, FMT_I8 = 7,
-       FMT_I4_WIDE = 8 };
+/* FMT_I4, FMT_I8, FMT_I4_WIDE, FMT_I6: 4-bit, 8-bit and Q6_K's 6-bit weights in int8_dot.h's layouts (f16
+ * scales; float32 for Q4_K's), multiplied by int8-quantized activations; fmt - FMT_I4 is int8_dot.h's kind. */
+enum { FMT_F32 = 0, FMT_BF16 = 1, FMT_Q8_0 = 2, FMT_Q4_0 = 3, FMT_Q4_1 = 4, FMT_Q4_K = 5, FMT_Q6_K = 6, FMT_I4 = 7,
+       FMT_I8 = 8, FMT_I4_WIDE = 9, FMT_I6 = 10 };
 /* What happens to each result y (after the bias): STORE writes it; ADD adds it, rounded to the output
  * dtype, to what out holds (the residual stream, as `x + linear(h)` in torch); SWIGLU takes outputs in
  * pairs (2i: gate_i, 2i + 1: up_i) and writes silu(gate_i) * up_i at column i, rounding as torch's
@@ -103,6 +103,8 @@ static inline void scale_offset(vec *f, float scale, float offset) {
  *   Q4_0 block of 32: f16 d, 16 bytes of nibbles; w = d (q - 8).   Q4_1: f16 d, f16 m, 16 bytes; w = d q + m.
  *   Q4_K super-block of 256: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins of 8 sub-blocks of 32,
  *        8 x 16 bytes of nibbles; w = (d sc) q - (dmin m).
+ *   Q6_K super-block of 256: 6-bit q in two planes, an int8 scale per 16 weights, f16 d (gguf_block.h's
+ *        q6_k_block); w = (d sc) (q - 32), exact in float32 (11 + 7 + 5 significant bits).
  * The nibbles are in the order `nibbles` reads. d q, 8 d, d sc, dmin m and (d sc) q are exact in
  * float32, so one fused multiply-add rounds d q + m (and d q - 8 d) as the separate operations do.
  * ks: for Q4_K, the current super-block's `q4_k_scales` (the caller computes them once per 8 blocks). */
@@ -144,16 +146,47 @@ static inline __attribute__((always_inline)) void block32(const int fmt, const u
         const uint8_t *p = row + 20 * b;
         nibbles(p + 4, f);
         scale_offset(f, f16_to_f32(read_u16(p)), f16_to_f32(read_u16(p + 2)));
-    } else { /* FMT_Q4_K */
+    } else if (fmt == FMT_Q4_K) {
         const int j = b % 8;
         nibbles(row + 144 * (b / 8) + 16 + 16 * j, f);
         scale_offset(f, ks[j], ks[8 + j]);
+    } else { /* FMT_Q6_K: weights 0-15 take scale 2 j, 16-31 scale 2 j + 1 */
+        const uint8_t *p = row + 210 * (b / 8);
+        const int j = b % 8;
+        const float d = f16_to_f32(read_u16(p + 208));
+        const float s0 = d * (float)(int8_t)p[192 + 2 * j], s1 = d * (float)(int8_t)p[193 + 2 * j];
+#if SIMD
+        const int n = j / 4, k = j % 4;
+        __m256i ql = _mm256_loadu_si256((const __m256i *)(p + 64 * n + 32 * (k % 2)));
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * n));
+        if (k >= 2) ql = _mm256_srli_epi16(ql, 4);
+        const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * k)), _mm256_set1_epi8(3));
+        const __m256i q = _mm256_or_si256(_mm256_and_si256(ql, _mm256_set1_epi8(0x0f)), _mm256_slli_epi16(hi, 4));
+        const __m128i q0 = _mm256_castsi256_si128(q), q1 = _mm256_extracti128_si256(q, 1);
+        f[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q0));
+        f[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q0, 8)));
+        f[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q1));
+        f[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q1, 8)));
+        for (int i = 0; i < 4; i++) { /* q s - 32 s: the exact (q - 32) s, rounded once */
+            const __m256 sv = _mm256_set1_ps(i < 2 ? s0 : s1);
+            f[i] = _mm256_fmadd_ps(f[i], sv, _mm256_mul_ps(sv, _mm256_set1_ps(-32.f)));
+        }
+#else
+        uint8_t q[32];
+        q6_k_block(p, j, q);
+        for (int i = 0; i < 32; i++) {
+            const float s = i < 16 ? s0 : s1;
+            f[i] = (float)q[i] * s + -32.f * s;
+        }
+#endif
     }
 }
 
-/* Bytes of one block of 32 weights in a row of this format (Q4_K: a super-block is 8 of them). */
+/* Bytes of one block of 32 weights in a row of this format (Q4_K, Q6_K: a super-block is 8 of them; Q6_K's
+ * 26.25 rounded down, close enough for prefetching). */
 static inline int block_bytes(const int fmt) {
-    return fmt == FMT_F32 ? 128 : fmt == FMT_BF16 ? 64 : fmt == FMT_Q8_0 ? 34 : fmt == FMT_Q4_1 ? 20 : 18;
+    return fmt == FMT_F32 ? 128 : fmt == FMT_BF16 ? 64 : fmt == FMT_Q8_0 ? 34 : fmt == FMT_Q4_1 ? 20
+         : fmt == FMT_Q6_K ? 26 : 18;
 }
 
 /* Asks for block b of the row at `ahead` (a row the caller reads next), so that it arrives from memory
@@ -197,7 +230,8 @@ static void expand_row(int fmt, const uint8_t *row, int K, float *dst, const uin
     case FMT_Q4_0: expand_fmt(FMT_Q4_0, row, K, dst, ahead); break;
     case FMT_Q4_1: expand_fmt(FMT_Q4_1, row, K, dst, ahead); break;
     case FMT_Q4_K: expand_fmt(FMT_Q4_K, row, K, dst, ahead); break;
-    case FMT_I4: case FMT_I8: case FMT_I4_WIDE: int8_dequantize_row(fmt - FMT_I4, row, K, dst); break;
+    case FMT_Q6_K: expand_fmt(FMT_Q6_K, row, K, dst, ahead); break;
+    default: int8_dequantize_row(fmt - FMT_I4, row, K, dst); break; /* FMT_I4 .. FMT_I6 */
     }
 }
 
@@ -343,6 +377,7 @@ static void row_group(int fmt, const uint8_t *w, int64_t row_bytes, int no, cons
     case FMT_Q4_0: row_group_fmt(FMT_Q4_0, w, row_bytes, no, x, xs, rows, Kp, y); break;
     case FMT_Q4_1: row_group_fmt(FMT_Q4_1, w, row_bytes, no, x, xs, rows, Kp, y); break;
     case FMT_Q4_K: row_group_fmt(FMT_Q4_K, w, row_bytes, no, x, xs, rows, Kp, y); break;
+    case FMT_Q6_K: row_group_fmt(FMT_Q6_K, w, row_bytes, no, x, xs, rows, Kp, y); break;
     }
 }
 #endif
@@ -460,14 +495,15 @@ void dequantize_rows(const uint8_t *w, int32_t fmt, int64_t w_row_bytes, int32_t
     for (int n = 0; n < N; n++) expand_row(fmt, w + (int64_t)n * w_row_bytes, K, out + (int64_t)n * K, NULL);
 }
 
-/* The inputs Kp that a row of K inputs covers in format `to` (FMT_I4, FMT_I8 or FMT_I4_WIDE), and its bytes. */
+/* The inputs Kp that a row of K inputs covers in format `to` (FMT_I4 .. FMT_I6), and its bytes. */
 int64_t int8_layout(int32_t to, int32_t K, int32_t *Kp) {
     *Kp = int8_padded(K);
     return int8_w_bytes(to - FMT_I4, *Kp);
 }
 
-/* GGUF rows (fmt FMT_Q8_0 .. FMT_Q4_K, K inputs) -> rows of Kp inputs in format `to` (FMT_I4, FMT_I8 or
- * FMT_I4_WIDE). Returns how many rows have a scale that the format's f16 scales cannot hold (0: all fit). */
+/* GGUF rows (fmt FMT_Q8_0 .. FMT_Q6_K, K inputs) -> rows of Kp inputs in format `to` (FMT_I4 .. FMT_I6: Q6_K
+ * to FMT_I6, the others to the rest). Returns how many rows have a scale that the format's f16 scales cannot
+ * hold (0: all fit). */
 int pack_int8_rows(const uint8_t *w, int32_t fmt, int64_t w_row_bytes, int32_t N, int32_t K, int32_t Kp, int32_t to,
                    uint8_t *out, int64_t out_row_bytes, int32_t num_threads) {
     int misfits = 0;
