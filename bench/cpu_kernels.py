@@ -7,7 +7,9 @@ interleaved repeats) and the weight bytes read per second, for
   torch onednn f32/bf16  oneDNN's pre-packed weight (PackedLinear, today's path where it packs)
   torch int8pack      torch.ops.aten._weight_int8pack_mm, bf16 input (per-channel int8 weights)
   torch int4pack      torch.ops.aten._weight_int4pack_mm_for_cpu, bf16 input (groups of 32)
-  ours <fmt>          kernels/linear.c on bf16, Q8_0, Q4_0, Q4_1 and Q4_K weights, bf16 input
+  ours <fmt>          kernels/linear.c on bf16, Q8_0, Q4_0, Q4_1, Q4_K and Q6_K weights, bf16 input (GGUF
+                      formats on integer dot products)
+  exact <fmt>         the same on the exact path (blocks expanded to float32, SPECSERVE_INT8_DOT=0)
 Every call reads weights that are not in the caches (each implementation cycles through enough copies
 to exceed the last-level cache), as in a forward whose 30 layers do not fit in it.
 
@@ -22,6 +24,7 @@ in ms (median over interleaved repeats, with the 25th-75th percentile spread), a
 time over the 1-row forward of the same variant.
 
     python bench/cpu_kernels.py [--threads 2] [--repeats 7] [--part shapes|model|both] [--label NAME]
+                                [--impls "ours bf16,ours q6_k"] [--shapes lm_head,down]
 
 Writes bench/results/cpu-kernels/<label>.md and .json (label default: the date and the thread count).
 """
@@ -95,16 +98,17 @@ def shape_impls(n: int, k: int) -> dict:
                    lambda wt, x: torch.ops.aten._weight_int4pack_mm_for_cpu(x, wt, 32, sz), n * k // 2 + n * k // 32 * 4)
     except (RuntimeError, AttributeError):
         pass
-    for name in ("ours bf16", "ours q8_0", "ours q4_0", "ours q4_1", "ours q4_k", "exact q8_0", "exact q4_1"):
+    for name in ("ours bf16", "ours q8_0", "ours q4_0", "ours q4_1", "ours q4_k", "ours q6_k", "exact q8_0",
+                 "exact q4_1", "exact q6_k"):
         fmt = name.split()[1]
-        if fmt == "q4_k" and k % 256:
+        if fmt in ("q4_k", "q6_k") and k % 256:
             continue
         if fmt == "bf16":
             lin = nn.Linear(k, n, bias=False).to(torch.bfloat16)
             lin.weight.data.copy_(w)
             make = lambda lin=lin: KernelLinear.from_linear(lin)  # noqa: E731
         else:
-            blocks = random_q4_k(n, k) if fmt == "q4_k" else quantize(w, fmt)
+            blocks = random_super_blocks(n, k, fmt) if fmt in ("q4_k", "q6_k") else quantize(w, fmt)
             make = lambda blocks=blocks, fmt=fmt, dot=name.startswith("ours"): KernelLinear.from_gguf_blocks(  # noqa: E731
                 blocks, fmt, k, int8_dot=dot)
         add_module(impls, name, make, lambda m, x: kernels.linear(
@@ -117,21 +121,28 @@ def add_module(impls: dict, name: str, make, fn, nbytes: int) -> None:
     impls[name] = ([make() for _ in range(copies)], fn, nbytes)
 
 
-def random_q4_k(n: int, k: int) -> torch.Tensor:
-    """Q4_K blocks with random nibbles and 6-bit scales and small positive f16 super-scales (gguf-py has
-    no Q4_K quantizer; the kernel's speed does not depend on the values)."""
+def random_super_blocks(n: int, k: int, fmt: str) -> torch.Tensor:
+    """Q4_K or Q6_K blocks of random bytes under small positive f16 super-scales (gguf-py quantizes to
+    neither; the kernel's speed does not depend on the values)."""
     import numpy as np
+    nbytes, first = {"q4_k": (144, 0), "q6_k": (210, 208)}[fmt]  # where the f16 scales (d, Q4_K's dmin) sit
+    scales = 4 if fmt == "q4_k" else 2
     rng = np.random.default_rng(0)
-    b = rng.integers(0, 256, size=(n, k // 256, 144), dtype=np.uint8)
-    b[..., 0:4] = np.frombuffer(rng.uniform(1e-3, 0.05, b.shape[0] * b.shape[1] * 2).astype(np.float16).tobytes(),
-                                np.uint8).reshape(*b.shape[:2], 4)
+    b = rng.integers(0, 256, size=(n, k // 256, nbytes), dtype=np.uint8)
+    b[..., first:first + scales] = np.frombuffer(
+        rng.uniform(1e-3, 0.05, n * (k // 256) * scales // 2).astype(np.float16).tobytes(), np.uint8
+    ).reshape(n, k // 256, scales)
     return torch.from_numpy(b.reshape(n, -1))
 
 
 def bench_shapes(args) -> list[dict]:
     out = []
     for shape, (n, k) in SHAPES.items():
+        if args.shapes and shape not in args.shapes.split(","):
+            continue
         impls = shape_impls(n, k)
+        if args.impls:
+            impls = {name: impl for name, impl in impls.items() if name in args.impls.split(",")}
         for rows in ROWS:
             x = torch.randn(rows, k).bfloat16()
             times = {name: [] for name in impls}
@@ -166,7 +177,7 @@ def shapes_table(rows: list[dict], key: str = "us") -> str:
     thread (one thread only) and its GB/s."""
     impls = list(dict.fromkeys(r["impl"] for r in rows))
     lines = ["| shape | rows | " + " | ".join(impls) + " |", "|---|---|" + "---|" * len(impls)]
-    for shape in SHAPES:
+    for shape in dict.fromkeys(r["shape"] for r in rows):
         for n in ROWS:
             cells = []
             for impl in impls:
@@ -294,6 +305,8 @@ def main() -> None:
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--context", type=int, default=256, help="tokens already cached per sequence")
     p.add_argument("--variants", default="before bf16,ours bf16,ours q8_0,ours q4_0,ours gguf")
+    p.add_argument("--impls", default="", help="part 1: only these implementations (comma-separated names)")
+    p.add_argument("--shapes", default="", help="part 1: only these shapes (" + ",".join(SHAPES) + ")")
     p.add_argument("--label", default=None)
     p.add_argument("--note", default="", help="a line saved with the results (e.g. 'machine shared with 2 others')")
     args = p.parse_args()

@@ -15,7 +15,7 @@ import ctypes
 import torch
 
 from specserve.model import kernels
-from specserve.model.cpu_linear import SMALL_ROWS, KernelLinear
+from specserve.model.cpu_linear import SMALL_ROWS, KernelLinear, StackedKernelLinear
 
 
 def can_run(model, x: torch.Tensor, kv_cache: torch.Tensor, meta) -> bool:
@@ -31,14 +31,15 @@ def can_run(model, x: torch.Tensor, kv_cache: torch.Tensor, meta) -> bool:
     # of mixed formats). ~120 isinstance checks, a few microseconds a step.
     linears = [m for layer in model.layers
                for m in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)]
-    return (all(isinstance(m, KernelLinear) for m in linears)
+    return (all(isinstance(m, (KernelLinear, StackedKernelLinear)) for m in linears)
             and all(layer.gate_up_proj.interleaved for layer in model.layers)
             and (x.shape[0] <= SMALL_ROWS or all(m.large is None for m in linears)))
 
 
 class LinearArgs(ctypes.Structure):  # kernels/decoder.c's LinearArgs
     _fields_ = [("w", ctypes.c_void_p), ("row_bytes", ctypes.c_int64), ("bias", ctypes.c_void_p),
-                ("fmt", ctypes.c_int32), ("n", ctypes.c_int32), ("k", ctypes.c_int32), ("kp", ctypes.c_int32)]
+                ("fmt", ctypes.c_int32), ("n", ctypes.c_int32), ("k", ctypes.c_int32), ("kp", ctypes.c_int32),
+                ("next", ctypes.c_void_p)]
 
 
 class LayerArgs(ctypes.Structure):  # kernels/decoder.c's LayerArgs
@@ -71,9 +72,16 @@ def run_layers(model, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_
     return x
 
 
-def _linear_args(m: KernelLinear) -> LinearArgs:
-    w, fmt, row_bytes, n, k, kp = m.c_args
-    return LinearArgs(w, row_bytes, m.bias_ptr, fmt, n, k, kp)
+def _linear_args(m: KernelLinear | StackedKernelLinear, keep: list) -> LinearArgs:
+    """m's kernel arguments; a stacked projection's later parts chained by `next` (held alive in `keep`)."""
+    parts = list(m.parts) if isinstance(m, StackedKernelLinear) else [m]
+    following = None
+    for part in reversed(parts):
+        w, fmt, row_bytes, n, k, kp = part.c_args
+        args = LinearArgs(w, row_bytes, part.bias_ptr, fmt, n, k, kp, following)
+        keep.append(args)
+        following = ctypes.addressof(args)
+    return args
 
 
 def _plan(model) -> ctypes.Array:
@@ -86,11 +94,11 @@ def _plan(model) -> ctypes.Array:
     cached = getattr(model, "_cpu_forward_plan", None)
     if cached is not None and cached[0] == key:
         return cached[1]
-    plan = (LayerArgs * len(model.layers))()
+    plan, keep = (LayerArgs * len(model.layers))(), []
     for i, layer in enumerate(model.layers):
         n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
         plan[i] = LayerArgs(n1.weight.data_ptr(), n2.weight.data_ptr(), n1.eps, n2.eps, layer.scale,
-                            *(_linear_args(m) for m in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj,
-                                                        layer.down_proj)))
-    model._cpu_forward_plan = (key, plan)
+                            *(_linear_args(m, keep) for m in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj,
+                                                              layer.down_proj)))
+    model._cpu_forward_plan = (key, plan, keep)
     return plan

@@ -223,3 +223,39 @@ class KernelLinear(nn.Module):
             return self._run(x, None, "swiglu")
         gate, up = self(x).chunk(2, dim=-1)
         return F.silu(gate) * up
+
+
+class StackedKernelLinear(nn.Module):
+    """A projection whose output rows come in parts of different formats, each a KernelLinear: a fused q/k/v
+    whose v a GGUF `_M` file keeps in Q6_K beside Q4_K q and k. One kernel call per part, each writing its
+    own columns of the output (the one-call forward chains them the same way, kernels/decoder.c). Its gate/up
+    pairs are never interleaved (a pair would straddle two parts), so SwiGLU takes torch's ops after it."""
+
+    interleaved = False
+    large = None
+
+    def __init__(self, parts: list[KernelLinear]):
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+        self.in_features = parts[0].in_features
+        self.out_features = sum(part.out_features for part in parts)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}"
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(part.weight_bytes for part in self.parts)
+
+    def dense_weight(self) -> torch.Tensor:
+        return torch.cat([part.dense_weight() for part in self.parts])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        if not kernels.linear_supported(flat):
+            return torch.cat([part(x) for part in self.parts], dim=-1)
+        out, first = flat.new_empty(flat.shape[0], self.out_features), 0
+        for part in self.parts:
+            part._run(flat, out[:, first:first + part.out_features], "store")
+            first += part.out_features
+        return out.reshape(*x.shape[:-1], self.out_features)

@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 from specserve.errors import ModelLoadError
-from specserve.model.cpu_linear import QUANT_FORMATS, KernelLinear, dequantize_gguf, kernel_can_run, quantize
+from specserve.model.cpu_linear import (QUANT_FORMATS, KernelLinear, StackedKernelLinear, dequantize_gguf,
+                                        kernel_can_run, quantize)
 
 log = logging.getLogger("specserve.quantize")
 
@@ -32,9 +33,10 @@ def _targets(model: nn.Module) -> dict[str, nn.Linear]:
     return {path: m for path, m in out.items() if isinstance(m, nn.Linear)}
 
 
-def _gguf_blocks(g, config) -> dict[str, tuple[str, np.ndarray]]:
-    """GGUF tensors in our fused layout, as (format, blocks [rows, bytes]) where every part is stored in
-    one format the kernel reads; other matrices (float, Q6_K, mixed formats) are absent (they load dense)."""
+def _gguf_blocks(g, config) -> dict[str, list[tuple[str, np.ndarray]]]:
+    """GGUF tensors in our fused layout, as parts [(format, blocks [rows, bytes])] in row order, consecutive
+    tensors of one format merged (a _M file's q/k/v: [("q4_k", q and k), ("q6_k", v)]), where every tensor is
+    in a format the kernel reads; other matrices (float, other formats) are absent (they load dense)."""
     from specserve.model.gguf_convert import _unpermute
     tensors = {t.name: t for t in g.reader.tensors}
     unpermute = config.architecture == "LlamaForCausalLM"
@@ -55,11 +57,17 @@ def _gguf_blocks(g, config) -> dict[str, tuple[str, np.ndarray]]:
                   "o_proj": [part(b + "attn_output.weight")], "down_proj": [part(b + "ffn_down.weight")],
                   "gate_up_proj": [part(b + "ffn_gate.weight"), part(b + "ffn_up.weight")]}
         for name, parts in groups.items():
-            if all(p is not None for p in parts) and len({p[0] for p in parts}) == 1:
-                out[f"layers.{i}.{name}"] = (parts[0][0], np.concatenate([p[1] for p in parts]))
+            if all(p is not None for p in parts):
+                merged = []
+                for fmt, data in parts:
+                    if merged and merged[-1][0] == fmt:
+                        merged[-1] = (fmt, np.concatenate([merged[-1][1], data]))
+                    else:
+                        merged.append((fmt, data))
+                out[f"layers.{i}.{name}"] = merged
     head = part("output.weight") if "output.weight" in tensors else part("token_embd.weight")
     if head is not None:
-        out["lm_head"] = head
+        out["lm_head"] = [head]
     return out
 
 
@@ -84,25 +92,24 @@ def quantize_model(model: nn.Module, quantization: str, gguf_file=None) -> Count
             if path not in blocks:
                 formats["dense"] += 1
                 continue
-            fmt, raw = blocks[path]
-            data = torch.from_numpy(np.array(raw))  # a writable copy (the file is mapped read-only)
+            # writable copies (the file is mapped read-only)
+            parts = [(fmt, torch.from_numpy(np.array(raw))) for fmt, raw in blocks[path]]
         else:
-            fmt = quantization
             if in_features % 32:
                 formats["dense"] += 1  # no block format fits: keep this matrix as it is
                 continue
-            data = quantize(linear.weight, fmt)
-        if data.shape[0] != linear.out_features:
-            raise ModelLoadError(f"{path}: {fmt} blocks hold {data.shape[0]} rows, the model expects "
-                                 f"{linear.out_features}")
+            parts = [(quantization, quantize(linear.weight, quantization))]
+        fmt = "+".join(fmt for fmt, _ in parts)
+        if sum(data.shape[0] for _, data in parts) != linear.out_features:
+            raise ModelLoadError(f"{path}: {fmt} blocks hold {sum(d.shape[0] for _, d in parts)} rows, the model "
+                                 f"expects {linear.out_features}")
         if use_kernel:
             name = path.rsplit(".", 1)[-1]
-            module = KernelLinear.from_gguf_blocks(data, fmt, in_features, linear.bias,
-                                                   interleave=name == "gate_up_proj")
+            module = _kernel_linear(parts, in_features, linear.bias, interleave=name == "gate_up_proj")
             parent = model.get_submodule(path.rsplit(".", 1)[0]) if "." in path else model
             setattr(parent, name, module)
         else:
-            dense = dequantize_gguf(data, fmt, in_features)
+            dense = torch.cat([dequantize_gguf(data, part_fmt, in_features) for part_fmt, data in parts])
             if linear.weight is getattr(model.embed_tokens, "weight", None):  # tied: untie, the table stays
                 linear.weight = nn.Parameter(dense.to(linear.weight.dtype), requires_grad=False)
             else:
@@ -110,6 +117,21 @@ def quantize_model(model: nn.Module, quantization: str, gguf_file=None) -> Count
                     linear.weight.copy_(dense)
         formats[fmt] += 1
     return formats
+
+
+def _kernel_linear(parts: list[tuple[str, torch.Tensor]], in_features: int, bias: torch.Tensor | None,
+                   interleave: bool) -> nn.Module:
+    """One KernelLinear, or a StackedKernelLinear of one per part (rows of different formats: never interleaved,
+    a gate/up pair would straddle two parts)."""
+    if len(parts) == 1:
+        (fmt, data), = parts
+        return KernelLinear.from_gguf_blocks(data, fmt, in_features, bias, interleave=interleave)
+    modules, row = [], 0
+    for fmt, data in parts:
+        part_bias = None if bias is None else bias[row:row + data.shape[0]]
+        modules.append(KernelLinear.from_gguf_blocks(data, fmt, in_features, part_bias))
+        row += data.shape[0]
+    return StackedKernelLinear(modules)
 
 
 def weight_summary(model: nn.Module) -> str:

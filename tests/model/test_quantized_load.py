@@ -8,8 +8,9 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specserve.errors import ModelLoadError, SpecServeError
-from specserve.model import kernels
-from specserve.model.cpu_linear import KernelLinear, dequantize_gguf, kernel_can_run, quantize
+from specserve.model import cpu_forward, kernels
+from specserve.model.cpu_linear import (KernelLinear, StackedKernelLinear, dequantize_gguf, kernel_can_run,
+                                        quantize)
 from specserve.model.loader import load_model
 from specserve.model.quantize import weight_summary
 from tests.byte_vocab import VOCAB
@@ -32,8 +33,8 @@ def write_model(tmp_path, qtype):
     return str(tmp_path / "m.gguf")
 
 
-def logits(model, ids=tuple(range(40, 70))):
-    return run_step(model, new_cache(model, 4, 16), [(0, list(ids), len(ids))], [[0, 1]], 16)
+def logits(model, ids=tuple(range(40, 70)), short_kernel=False):
+    return run_step(model, new_cache(model, 4, 16), [(0, list(ids), len(ids))], [[0, 1]], 16, short_kernel)
 
 
 def close(a, b):
@@ -75,17 +76,49 @@ def test_a_checkpoint_is_quantized_at_load(tiny_target, fmt, monkeypatch):
 
 
 @needs_kernel
-def test_a_q4_k_m_file_loads_its_q6_k_matrices_dense_beside_the_quantized_rest(tmp_path, monkeypatch):
-    """llama.cpp's _M mixes store attn_v, ffn_down and the output matrix as Q6_K: those load dense (with
-    the q/k/v group they belong to), every other matrix stays Q4_K, and the model computes the same function."""
-    monkeypatch.setenv("SPECSERVE_INT8_DOT", "0")
+@pytest.mark.parametrize("int8_dot", ["0", "1"])
+def test_a_q4_k_m_file_runs_every_matrix_on_the_kernels(tmp_path, monkeypatch, int8_dot):
+    """llama.cpp's _M mixes store attn_v, ffn_down and the output matrix as Q6_K: q/k/v becomes a stacked
+    projection (Q4_K q and k, then Q6_K v), every matrix stays quantized, the one-call forward takes the
+    layers (the same bits as layer by layer), and the model computes the dequantized model's function:
+    up to accumulation order on the exact path, up to the int8 activations on the integer one."""
+    monkeypatch.setenv("SPECSERVE_INT8_DOT", int8_dot)
     path = write_model(tmp_path, "Q4_K_M")
     dense, native = load_model(path), load_model(path, quantization="gguf")
     layer = native.model.layers[0]
-    assert [isinstance(m, KernelLinear) for m in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj,
-                                                  layer.down_proj, native.model.lm_head)] == [False, True, True, False, False]
-    assert formats(native.model) == ["q4_k"]
-    assert close(logits(native.model), logits(dense.model))
+    assert isinstance(layer.qkv_proj, StackedKernelLinear)
+    assert [m.source_fmt for m in (*layer.qkv_proj.parts, layer.o_proj, layer.gate_up_proj, layer.down_proj,
+                                   native.model.lm_head)] == ["q4_k", "q6_k", "q4_k", "q4_k", "q6_k", "q6_k"]
+    assert torch.equal(layer.qkv_proj.dense_weight(), dense.model.layers[0].qkv_proj.weight)
+    one_call = []
+    run_layers = cpu_forward.run_layers
+    monkeypatch.setattr(cpu_forward, "run_layers", lambda *a: one_call.append(1) or run_layers(*a))
+    got, want = logits(native.model, short_kernel=True), logits(dense.model)
+    assert one_call
+    if int8_dot == "0":
+        assert close(got, want)
+    else:  # each matrix keeps its int8 bound (test_int8_dot.py); this random model amplifies them to ~10 %
+        assert 0 < relative_error(got, want) < 0.2
+    monkeypatch.setattr(cpu_forward, "can_run", lambda *a: False)
+    assert torch.equal(logits(native.model, short_kernel=True), got)  # layer by layer: StackedKernelLinear.forward
+
+
+@needs_kernel
+def test_a_dense_matrix_in_a_later_layer_keeps_the_one_call_forward_off(tmp_path, monkeypatch):
+    """The one-call forward needs every layer's projections on the kernel, not only the first layer's."""
+    native = load_model(write_model(tmp_path, "Q4_1"), quantization="gguf")
+    want = logits(native.model, short_kernel=True)
+    last = native.model.layers[-1]
+    linear = torch.nn.Linear(last.o_proj.in_features, last.o_proj.out_features, bias=False)
+    with torch.no_grad():
+        linear.weight.copy_(last.o_proj.dense_weight())
+    last.o_proj = linear
+    one_call = []
+    run_layers = cpu_forward.run_layers
+    monkeypatch.setattr(cpu_forward, "run_layers", lambda *a: one_call.append(1) or run_layers(*a))
+    got = logits(native.model, short_kernel=True)
+    assert not one_call
+    assert relative_error(got, want) < 0.03  # the same weights, the torch op for one matrix
 
 
 @needs_kernel

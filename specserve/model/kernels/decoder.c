@@ -13,11 +13,12 @@
 
 #include "bf16.h"
 
-typedef struct { /* one KernelLinear: the leading arguments of linear_* */
+typedef struct LinearArgs { /* one KernelLinear: the leading arguments of linear_* */
     const uint8_t *w;
     int64_t row_bytes;
     const float *bias;
     int32_t fmt, n, k, kp;
+    const struct LinearArgs *next; /* the next outputs' rows in another format (a stacked projection), or NULL */
 } LinearArgs;
 
 typedef struct {
@@ -45,10 +46,14 @@ int paged_attention_short_##SUFFIX(const T *q, int64_t q_stride, const T *kc, co
                                    int32_t Hkv, int32_t D, int32_t block_size, float scale, int32_t window,   \
                                    int32_t num_threads);                                                   \
                                                                                                            \
+/* A projection, part after part (each its own outputs' columns; never SWIGLU, whose pairs one part holds). */ \
 static int run_linear_##SUFFIX(const LinearArgs *a, const T *x, int64_t x_stride, int32_t rows, T *out,   \
                                int64_t out_stride, int32_t mode, int32_t threads) {                        \
-    return linear_##SUFFIX(a->w, a->fmt, a->row_bytes, a->n, a->k, a->kp, x, x_stride, rows, a->bias, out, \
-                           out_stride, mode, threads);                                                     \
+    int status = 0;                                                                                        \
+    for (; a != NULL; out += a->n, a = a->next)                                                            \
+        status |= linear_##SUFFIX(a->w, a->fmt, a->row_bytes, a->n, a->k, a->kp, x, x_stride, rows, a->bias, \
+                                  out, out_stride, mode, threads);                                         \
+    return status;                                                                                         \
 }                                                                                                          \
                                                                                                            \
 int NAME(const LayerArgs *layers, int32_t num_layers, T *x, int32_t tokens, int32_t hidden, T *h, T *qkv,  \
