@@ -131,12 +131,19 @@ torch.save(out, sys.argv[1])
 """
 
 
-@pytest.mark.parametrize("march", ["x86-64-v3", "x86-64"])
+# -march -> the CPU flags it needs: AVX2 without VNNI (maddubs, tiles of 4 rows), AVX-512 without VNNI
+# (maddubs, tiles of 8 rows), AVX-VNNI on 256-bit vectors only, the portable C.
+MARCHES = {"x86-64-v3": ["avx2"], "x86-64-v4": ["avx512f", "avx512bw", "avx512vl"], "alderlake": ["avx_vnni"],
+           "x86-64": []}
+
+
+@pytest.mark.parametrize("march", MARCHES)
 def test_every_instruction_set_gives_the_same_bits(march, tmp_path):
-    """AVX2 without VNNI (x86-64-v3: maddubs) and the portable C (x86-64), each compiled in a fresh
-    process, against this machine's build (VNNI where it has it): equal outputs, bit for bit."""
-    if march == "x86-64-v3" and "avx2" not in open("/proc/cpuinfo").read():
-        pytest.skip("this CPU cannot run the AVX2 build")
+    """Each other code path this CPU can run, compiled in a fresh process, against this machine's build
+    (AVX-512 VNNI's two-row 512-bit tiles where it has them): equal outputs, bit for bit."""
+    flags = next((line.split() for line in open("/proc/cpuinfo") if line.startswith("flags")), [])
+    if not all(flag in flags for flag in MARCHES[march]):
+        pytest.skip(f"this CPU cannot run the {march} build")
     files = {}
     for name, env_march in (("native", None), (march, march)):
         env = dict(os.environ)
