@@ -27,6 +27,8 @@ time over the 1-row forward of the same variant.
                                 [--impls "ours bf16,ours q6_k"] [--shapes lm_head,down]
 
 Writes bench/results/cpu-kernels/<label>.md and .json (label default: the date and the thread count).
+A before/after comparison: interleave runs labelled <folder>/before-r1, <folder>/after-r1, ... (the "before"
+side on another checkout's package through PYTHONPATH), then `--compare bench/results/cpu-kernels/<folder>`.
 """
 from __future__ import annotations
 
@@ -296,6 +298,35 @@ def model_table(rows: list[dict], key: str = "ms") -> str:
     return "\n".join(lines)
 
 
+def compare(folder: Path) -> str:
+    """The before/after table of interleaved part-2 runs saved as <folder>/before-r<i> and after-r<i>
+    (--label <folder>/before-r1 ...): each shape's runs, the speedup of the medians, and each side's
+    time over its own 1-row forward. Written to <folder>/summary.md."""
+    runs = {}
+    for f in sorted(folder.glob("*-r*.json")):
+        data = json.loads(f.read_text())
+        side = f.stem.split("-r")[0]
+        runs.setdefault(side, []).append({(r["seqs"], r["rows_per_seq"]): r["ms"] for r in data["model"]})
+        runs.setdefault(side + " note", data["args"].get("note", ""))
+    lines = [f"# {folder.name}: before / after\n", f"`python bench/cpu_kernels.py --compare {folder}` over the runs "
+             f"in this folder (each file's header names its command), {cpu_model()}.\n",
+             *(f"- {side}, {len(runs[side])} runs: {runs[side + ' note'].removeprefix(side + ': ')}"
+               for side in ("before", "after")), "",
+             "Whole-forward ms, each run's median; speedup of the medians; each side's time over its 1-row forward.\n",
+             "| sequences x rows | before runs | after runs | speedup | before / 1 row | after / 1 row |",
+             "|---|---|---|---|---|---|"]
+    med = {side: {shape: statistics.median(run[shape] for run in runs[side]) for shape in FORWARD_SHAPES}
+           for side in ("before", "after")}
+    for shape in FORWARD_SHAPES:
+        cells = [" ".join(f"{run[shape]:.1f}" for run in runs[side]) for side in ("before", "after")]
+        lines.append(f"| {shape[0]} x {shape[1]} | {cells[0]} | {cells[1]} | "
+                     f"{med['before'][shape] / med['after'][shape]:.2f}x | "
+                     f"{med['before'][shape] / med['before'][1, 1]:.2f}x | {med['after'][shape] / med['after'][1, 1]:.2f}x |")
+    text = "\n".join(lines) + "\n"
+    (folder / "summary.md").write_text(text)
+    return text
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", type=int, default=2)
@@ -309,7 +340,12 @@ def main() -> None:
     p.add_argument("--shapes", default="", help="part 1: only these shapes (" + ",".join(SHAPES) + ")")
     p.add_argument("--label", default=None)
     p.add_argument("--note", default="", help="a line saved with the results (e.g. 'machine shared with 2 others')")
+    p.add_argument("--compare", type=Path, default=None,
+                   help="only print (and save as summary.md) the before/after table of the runs in this folder")
     args = p.parse_args()
+    if args.compare:
+        print(compare(args.compare))
+        return
     torch.set_num_threads(args.threads)
     label = args.label or f"{datetime.date.today()}-{args.threads}t"
     cpu = cpu_model()

@@ -89,6 +89,22 @@ def test_a_row_gets_the_same_bits_whatever_rows_come_with_it(fmt, dtype):
                         assert torch.equal(lin(x[start:start + rows])[r - start], batch[r]), (r, start, rows)
 
 
+@pytest.mark.parametrize("fmt, int8_dot", [("bf16", False), ("q4_1", False), ("q4_1", True), ("q6_k", True)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_swiglu_of_a_row_is_the_same_bits_whatever_rows_come_with_it(fmt, int8_dot, dtype):
+    """The SwiGLU epilogue takes a tile's exponentials in one vector loop (its tail in scalar code): an
+    output's bits must not depend on where its row falls."""
+    k = 512 if fmt in SUPER_BLOCKS else 160
+    fused, _, _ = make(fmt, 64, k, bias=True, interleave=True, int8_dot=int8_dot)
+    torch.manual_seed(2)
+    x = (torch.randn(60, k) * 2).to(dtype)
+    with torch.no_grad():
+        batch = fused.swiglu(x)
+        for rows in (1, 2, 3, 5, 7, 8, 9, 17, 48, 49):
+            for start in (0, 1, 60 - rows):
+                assert torch.equal(fused.swiglu(x[start:start + rows]), batch[start:start + rows]), (start, rows)
+
+
 @pytest.mark.parametrize("fmt", ["bf16", "q4_1"])
 def test_strided_rows_and_3d_inputs(fmt):
     lin, w, _ = make(fmt, 40, 256)

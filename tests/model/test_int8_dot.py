@@ -127,6 +127,11 @@ for fmt in ('q8_0', 'q4_0', 'q4_1', 'q4_k', 'q6_k'):
         x = (torch.randn(21, k) * 3).to(dtype)
         with torch.no_grad():
             out[fmt, str(dtype)] = torch.cat([lin(x), lin(x[:1]), lin(x[5:14])])
+fused, _, _ = make('q4_1', 64, 352, bias=True, interleave=True, int8_dot=True)
+for dtype in (torch.float32, torch.bfloat16):
+    x = (torch.randn(21, 352) * 3).to(dtype)
+    with torch.no_grad():
+        out['swiglu', str(dtype)] = torch.cat([fused.swiglu(x), fused.swiglu(x[:1])])
 torch.save(out, sys.argv[1])
 """
 

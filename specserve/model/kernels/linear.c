@@ -382,28 +382,68 @@ static void row_group(int fmt, const uint8_t *w, int64_t row_bytes, int no, cons
 }
 #endif
 
-/* silu(g) in float32, as torch computes it: g / (1 + exp(-g)). */
-static inline float silu(float g) { return g / (1.f + expf(-g)); }
+/* e^x in float32 (Cephes' expf: Cody-Waite reduction by ln 2, a degree-5 polynomial; within ~2 ulp of the
+ * exact value, x clamped to [-87, 88]). Written in plain IEEE operations in a fixed order, so that the loop
+ * in exp_negated vectorizes and a vector lane gives the same bits as the scalar code: an output's SwiGLU
+ * does not depend on where it falls in a tile (batch invariance). Why not expf: libm's scalar calls took a
+ * quarter of a 32-row gate/up projection (bench in docs/cpu-kernels.md). */
+static inline float exp_fixed(float x) {
+    x = x < -87.f ? -87.f : x > 88.f ? 88.f : x;
+    const float n = (x * 1.44269504f + 12582912.f) - 12582912.f; /* round(x / ln 2): 1.5 2^23 drops the fraction */
+    float r = fmaf(n, -0.693359375f, x);                          /* x - n ln 2, ln 2 in two parts */
+    r = fmaf(n, 2.12194440e-4f, r);
+    float p = 1.9875691500e-4f;
+    p = fmaf(p, r, 1.3981999507e-3f);
+    p = fmaf(p, r, 8.3334519073e-3f);
+    p = fmaf(p, r, 4.1665795894e-2f);
+    p = fmaf(p, r, 1.6666665459e-1f);
+    p = fmaf(p, r, 5.0000001201e-1f);
+    const float y = fmaf(p, r * r, r) + 1.f;
+    const int32_t bits = ((int32_t)n + 127) << 23; /* 2^n, n in [-126, 127] */
+    float scale;
+    memcpy(&scale, &bits, 4);
+    return y * scale;
+}
 
-/* Writes the results y[i * GROUP + o] of rows i < rt, outputs o0 + o (o < no) by `mode`. */
+/* e[i] = exp(-g[i]) for i < n. */
+static void exp_negated(const float *g, float *e, int n) {
+    _Pragma("omp simd")
+    for (int i = 0; i < n; i++) e[i] = exp_fixed(-g[i]);
+}
+
+/* Writes the results y[i * GROUP + o] of rows i < rt, outputs o0 + o (o < no) by `mode`. SWIGLU: silu(g) =
+ * g / (1 + exp(-g)) as torch computes it, on the rounded gate, times the rounded up, the exponentials of
+ * the whole tile at once. */
 #define DEFINE_EPILOGUE(T, SUFFIX)                                                                         \
 static void epilogue_##SUFFIX(float *y, int rt, int no, T *out, int64_t out_stride, int o0, const float *bias, \
                               int mode) {                                                                  \
+    if (bias != NULL)                                                                                      \
+        for (int i = 0; i < rt; i++)                                                                       \
+            for (int o = 0; o < no; o++) y[i * GROUP + o] += bias[o0 + o];                                 \
+    if (mode == MODE_SWIGLU) {                                                                             \
+        float gate[ROW_BLOCK * GROUP / 2], up[ROW_BLOCK * GROUP / 2], e[ROW_BLOCK * GROUP / 2];            \
+        int n = 0;                                                                                         \
+        for (int i = 0; i < rt; i++)                                                                       \
+            for (int o = 0; o + 1 < no; o += 2, n++) {                                                     \
+                gate[n] = ROUND_##SUFFIX(y[i * GROUP + o]);                                                \
+                up[n] = ROUND_##SUFFIX(y[i * GROUP + o + 1]);                                              \
+            }                                                                                              \
+        exp_negated(gate, e, n);                                                                           \
+        _Pragma("omp simd")                                                                                \
+        for (int j = 0; j < n; j++) e[j] = ROUND_##SUFFIX(gate[j] / (1.f + e[j])) * up[j];                 \
+        n = 0;                                                                                             \
+        for (int i = 0; i < rt; i++)                                                                       \
+            for (int o = 0; o + 1 < no; o += 2) STORE_##SUFFIX(out + (int64_t)i * out_stride, (o0 + o) / 2, e[n++]); \
+        return;                                                                                            \
+    }                                                                                                      \
     for (int i = 0; i < rt; i++) {                                                                         \
         T *orow = out + (int64_t)i * out_stride;                                                           \
-        float *yr = y + i * GROUP;                                                                         \
-        if (bias != NULL)                                                                                  \
-            for (int o = 0; o < no; o++) yr[o] += bias[o0 + o];                                            \
+        const float *yr = y + i * GROUP;                                                                   \
         if (mode == MODE_STORE) {                                                                          \
             for (int o = 0; o < no; o++) STORE_##SUFFIX(orow, o0 + o, yr[o]);                              \
-        } else if (mode == MODE_ADD) {                                                                     \
+        } else {                                                                                           \
             for (int o = 0; o < no; o++)                                                                   \
                 STORE_##SUFFIX(orow, o0 + o, LOAD_##SUFFIX(orow, o0 + o) + ROUND_##SUFFIX(yr[o]));         \
-        } else {                                                                                           \
-            for (int o = 0; o + 1 < no; o += 2) {                                                          \
-                const float act = ROUND_##SUFFIX(silu(ROUND_##SUFFIX(yr[o])));                             \
-                STORE_##SUFFIX(orow, (o0 + o) / 2, act * ROUND_##SUFFIX(yr[o + 1]));                        \
-            }                                                                                              \
         }                                                                                                  \
     }                                                                                                      \
 }
