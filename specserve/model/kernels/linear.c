@@ -411,6 +411,30 @@ static void exp_negated(const float *g, float *e, int n) {
     for (int i = 0; i < n; i++) e[i] = exp_fixed(-g[i]);
 }
 
+#if SIMD
+/* f32_to_bf16 (bf16.h) on 4 lanes, the same bits (NaN included), packed into the low 8 bytes. */
+static inline __m128i bf16x4(__m128 v) {
+    const __m128i u = _mm_castps_si128(v);
+    const __m128i lsb = _mm_and_si128(_mm_srli_epi32(u, 16), _mm_set1_epi32(1));
+    const __m128i rounded = _mm_srli_epi32(_mm_add_epi32(_mm_add_epi32(u, _mm_set1_epi32(0x7fff)), lsb), 16);
+    const __m128i nan = _mm_or_si128(_mm_srli_epi32(u, 16), _mm_set1_epi32(0x40));
+    const __m128i is_nan = _mm_cmpgt_epi32(_mm_and_si128(u, _mm_set1_epi32(0x7fffffff)), _mm_set1_epi32(0x7f800000));
+    return _mm_packus_epi32(_mm_blendv_epi8(rounded, nan, is_nan), _mm_setzero_si128());
+}
+static inline __m128 bf16x4_f32(__m128i h) { return _mm_castsi128_ps(_mm_slli_epi32(_mm_cvtepu16_epi32(h), 16)); }
+/* The four outputs of a row by STORE or ADD, as the scalar loop below computes them. */
+static inline void four_bf16(uint16_t *p, __m128 v, int mode) {
+    if (mode == MODE_ADD) v = _mm_add_ps(bf16x4_f32(_mm_loadl_epi64((const __m128i *)p)), bf16x4_f32(bf16x4(v)));
+    _mm_storel_epi64((__m128i *)p, bf16x4(v));
+}
+static inline void four_f32(float *p, __m128 v, int mode) {
+    _mm_storeu_ps(p, mode == MODE_ADD ? _mm_add_ps(_mm_loadu_ps(p), v) : v);
+}
+#define FOUR(SUFFIX, p, v, mode) four_##SUFFIX(p, v, mode)
+#else /* never called: SIMD is 0 */
+#define FOUR(SUFFIX, p, v, mode) ((void)0)
+#endif
+
 /* Writes the results y[i * GROUP + o] of rows i < rt, outputs o0 + o (o < no) by `mode`. SWIGLU: silu(g) =
  * g / (1 + exp(-g)) as torch computes it, on the rounded gate, times the rounded up, the exponentials of
  * the whole tile at once. */
@@ -434,6 +458,11 @@ static void epilogue_##SUFFIX(float *y, int rt, int no, T *out, int64_t out_stri
         n = 0;                                                                                             \
         for (int i = 0; i < rt; i++)                                                                       \
             for (int o = 0; o + 1 < no; o += 2) STORE_##SUFFIX(out + (int64_t)i * out_stride, (o0 + o) / 2, e[n++]); \
+        return;                                                                                            \
+    }                                                                                                      \
+    if (SIMD && no == GROUP) { /* the usual group: four outputs a row at once */                           \
+        for (int i = 0; i < rt; i++)                                                                       \
+            FOUR(SUFFIX, out + (int64_t)i * out_stride + o0, _mm_loadu_ps(y + i * GROUP), mode);           \
         return;                                                                                            \
     }                                                                                                      \
     for (int i = 0; i < rt; i++) {                                                                         \
