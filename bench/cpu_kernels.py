@@ -319,9 +319,9 @@ def compare(folder: Path) -> str:
            for side in ("before", "after")}
     for shape in FORWARD_SHAPES:
         cells = [" ".join(f"{run[shape]:.1f}" for run in runs[side]) for side in ("before", "after")]
-        lines.append(f"| {shape[0]} x {shape[1]} | {cells[0]} | {cells[1]} | "
-                     f"{med['before'][shape] / med['after'][shape]:.2f}x | "
-                     f"{med['before'][shape] / med['before'][1, 1]:.2f}x | {med['after'][shape] / med['after'][1, 1]:.2f}x |")
+        before, after = med["before"], med["after"]
+        lines.append(f"| {shape[0]} x {shape[1]} | {cells[0]} | {cells[1]} | {before[shape] / after[shape]:.2f}x | "
+                     f"{before[shape] / before[1, 1]:.2f}x | {after[shape] / after[1, 1]:.2f}x |")
     text = "\n".join(lines) + "\n"
     (folder / "summary.md").write_text(text)
     return text

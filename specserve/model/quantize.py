@@ -99,10 +99,9 @@ def quantize_model(model: nn.Module, quantization: str, gguf_file=None) -> Count
                 formats["dense"] += 1  # no block format fits: keep this matrix as it is
                 continue
             parts = [(quantization, quantize(linear.weight, quantization))]
-        fmt = "+".join(fmt for fmt, _ in parts)
-        if sum(data.shape[0] for _, data in parts) != linear.out_features:
-            raise ModelLoadError(f"{path}: {fmt} blocks hold {sum(d.shape[0] for _, d in parts)} rows, the model "
-                                 f"expects {linear.out_features}")
+        fmt, rows = "+".join(part_fmt for part_fmt, _ in parts), sum(data.shape[0] for _, data in parts)
+        if rows != linear.out_features:
+            raise ModelLoadError(f"{path}: {fmt} blocks hold {rows} rows, the model expects {linear.out_features}")
         if use_kernel:
             name = path.rsplit(".", 1)[-1]
             module = _kernel_linear(parts, in_features, linear.bias, interleave=name == "gate_up_proj")

@@ -530,8 +530,9 @@ static inline __attribute__((always_inline)) void any_tile(const int kind, const
 
 /* y[r * ys + o] for rows r < rows of xq against the no weight rows at w (two at a time with PAIRS, for whole
  * tiles of INT_ROWS rows: the same bits either way). */
-static void int8_rows(const int kind, const uint8_t *w, int64_t row_bytes, int no, const uint8_t *xq, int64_t xb,
-                      int rows, int Kp, float *y, int ys) {
+static inline __attribute__((always_inline)) void int8_rows_kind(const int kind, const uint8_t *w, int64_t row_bytes,
+                                                                 int no, const uint8_t *xq, int64_t xb, int rows,
+                                                                 int Kp, float *y, int ys) {
     for (int r0 = 0; r0 < rows; r0 += INT_ROWS) {
         const int rt = rows - r0 < INT_ROWS ? rows - r0 : INT_ROWS;
         const uint8_t *xr = xq + r0 * xb;
@@ -547,6 +548,17 @@ static void int8_rows(const int kind, const uint8_t *w, int64_t row_bytes, int n
 #endif
             BY_ROWS(ONE_TILE);
         }
+    }
+}
+
+/* int8_rows_kind with the kind a constant in each copy (no run-time branches on it in the tiles). */
+static void int8_rows(const int kind, const uint8_t *w, int64_t row_bytes, int no, const uint8_t *xq, int64_t xb,
+                      int rows, int Kp, float *y, int ys) {
+    switch (kind) {
+    case 0: int8_rows_kind(0, w, row_bytes, no, xq, xb, rows, Kp, y, ys); break;
+    case 1: int8_rows_kind(1, w, row_bytes, no, xq, xb, rows, Kp, y, ys); break;
+    case 2: int8_rows_kind(2, w, row_bytes, no, xq, xb, rows, Kp, y, ys); break;
+    default: int8_rows_kind(KIND_I6, w, row_bytes, no, xq, xb, rows, Kp, y, ys); break;
     }
 }
 #endif

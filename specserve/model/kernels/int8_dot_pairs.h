@@ -17,14 +17,17 @@ static inline __m512 pair_ps(__m256 lo, __m256 hi) {
     return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
 }
 /* 32 activation bytes (or 8 floats) in both halves. */
-static inline __m512i both_si(const uint8_t *p) { return _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)p)); }
+static inline __m512i both_si(const uint8_t *p) {
+    return _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)p));
+}
 static inline __m512 both_ps(const uint8_t *p) {
     return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_loadu_pd((const double *)p)));
 }
 
 /* The two halves' lane trees of f (as int_tile's) into y[0] and y[1]. */
 static inline void pair_sums(__m512 f, float *y) {
-    const __m256 halves[2] = {_mm512_castps512_ps256(f), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(f), 1))};
+    const __m256 halves[2] = {_mm512_castps512_ps256(f),
+                              _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(f), 1))};
     for (int h = 0; h < 2; h++) {
         __m128 v = _mm_add_ps(_mm256_castps256_ps128(halves[h]), _mm256_extractf128_ps(halves[h], 1));
         v = _mm_add_ps(v, _mm_movehl_ps(v, v));
@@ -127,10 +130,10 @@ static inline __attribute__((always_inline)) void int6_tile_pair(const uint8_t *
                 a1[r] = _mm512_dpbusd_epi32(a1[r], u1, both_si(xg + r * xb + 32 * (c + 4)));
             }
         }
-        const __m512i sc0 = _mm512_cvtepi8_epi32(_mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(wg + 192)),
-                                                                    _mm_loadl_epi64((const __m128i *)(wg + row_bytes + 192))));
-        const __m512i sc1 = _mm512_cvtepi8_epi32(_mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(wg + 200)),
-                                                                    _mm_loadl_epi64((const __m128i *)(wg + row_bytes + 200))));
+        const __m512i sc0 = _mm512_cvtepi8_epi32(_mm_unpacklo_epi64(
+            _mm_loadl_epi64((const __m128i *)(wg + 192)), _mm_loadl_epi64((const __m128i *)(wg + row_bytes + 192))));
+        const __m512i sc1 = _mm512_cvtepi8_epi32(_mm_unpacklo_epi64(
+            _mm_loadl_epi64((const __m128i *)(wg + 200)), _mm_loadl_epi64((const __m128i *)(wg + row_bytes + 200))));
         const __m512 d = pair_ps(_mm256_set1_ps(*(const float *)(wg + 208)),
                                  _mm256_set1_ps(*(const float *)(wg + row_bytes + 208)));
         for (int r = 0; r < RT; r++) {

@@ -46,6 +46,7 @@ enum { MODE_STORE = 0, MODE_ADD = 1, MODE_SWIGLU = 2 };
 
 #define STEP 16     /* input elements per step of a dot product: 16 float32 partial sums */
 #define GROUP 4     /* output rows expanded to float32 at once (scratch of GROUP * Kp floats per thread) */
+#define SPAN 32     /* outputs a work item of the integer path takes at most (one epilogue call for them all) */
 #define ROW_BLOCK 48 /* input rows converted to float32 at once (kept in L2 while every group reads them) */
 #define MAX_RT 3    /* rows per register tile: 3 rows x 2 outputs x 2 vectors = 12 accumulators */
 /* Up to this many rows expand the weights in registers (row_tile, in chunks of up to 4 rows), more to
@@ -435,22 +436,22 @@ static inline void four_f32(float *p, __m128 v, int mode) {
 #define FOUR(SUFFIX, p, v, mode) ((void)0)
 #endif
 
-/* Writes the results y[i * GROUP + o] of rows i < rt, outputs o0 + o (o < no) by `mode`. SWIGLU: silu(g) =
+/* Writes the results y[i * ys + o] of rows i < rt, outputs o0 + o (o < no) by `mode`. SWIGLU: silu(g) =
  * g / (1 + exp(-g)) as torch computes it, on the rounded gate, times the rounded up, the exponentials of
- * the whole tile at once. */
+ * the whole tile at once. STORE and ADD: four outputs at a time where SIMD, the rest one by one. */
 #define DEFINE_EPILOGUE(T, SUFFIX)                                                                         \
-static void epilogue_##SUFFIX(float *y, int rt, int no, T *out, int64_t out_stride, int o0, const float *bias, \
-                              int mode) {                                                                  \
+static void epilogue_##SUFFIX(float *y, int ys, int rt, int no, T *out, int64_t out_stride, int o0,        \
+                              const float *bias, int mode) {                                               \
     if (bias != NULL)                                                                                      \
         for (int i = 0; i < rt; i++)                                                                       \
-            for (int o = 0; o < no; o++) y[i * GROUP + o] += bias[o0 + o];                                 \
+            for (int o = 0; o < no; o++) y[i * ys + o] += bias[o0 + o];                                    \
     if (mode == MODE_SWIGLU) {                                                                             \
-        float gate[ROW_BLOCK * GROUP / 2], up[ROW_BLOCK * GROUP / 2], e[ROW_BLOCK * GROUP / 2];            \
+        float gate[ROW_BLOCK * SPAN / 2], up[ROW_BLOCK * SPAN / 2], e[ROW_BLOCK * SPAN / 2];               \
         int n = 0;                                                                                         \
         for (int i = 0; i < rt; i++)                                                                       \
             for (int o = 0; o + 1 < no; o += 2, n++) {                                                     \
-                gate[n] = ROUND_##SUFFIX(y[i * GROUP + o]);                                                \
-                up[n] = ROUND_##SUFFIX(y[i * GROUP + o + 1]);                                              \
+                gate[n] = ROUND_##SUFFIX(y[i * ys + o]);                                                   \
+                up[n] = ROUND_##SUFFIX(y[i * ys + o + 1]);                                                 \
             }                                                                                              \
         exp_negated(gate, e, n);                                                                           \
         _Pragma("omp simd")                                                                                \
@@ -460,18 +461,16 @@ static void epilogue_##SUFFIX(float *y, int rt, int no, T *out, int64_t out_stri
             for (int o = 0; o + 1 < no; o += 2) STORE_##SUFFIX(out + (int64_t)i * out_stride, (o0 + o) / 2, e[n++]); \
         return;                                                                                            \
     }                                                                                                      \
-    if (SIMD && no == GROUP) { /* the usual group: four outputs a row at once */                           \
-        for (int i = 0; i < rt; i++)                                                                       \
-            FOUR(SUFFIX, out + (int64_t)i * out_stride + o0, _mm_loadu_ps(y + i * GROUP), mode);           \
-        return;                                                                                            \
-    }                                                                                                      \
     for (int i = 0; i < rt; i++) {                                                                         \
         T *orow = out + (int64_t)i * out_stride;                                                           \
-        const float *yr = y + i * GROUP;                                                                   \
+        const float *yr = y + i * ys;                                                                      \
+        int o = 0;                                                                                         \
+        if (SIMD)                                                                                          \
+            for (; o + 4 <= no; o += 4) FOUR(SUFFIX, orow + o0 + o, _mm_loadu_ps(yr + o), mode);           \
         if (mode == MODE_STORE) {                                                                          \
-            for (int o = 0; o < no; o++) STORE_##SUFFIX(orow, o0 + o, yr[o]);                              \
+            for (; o < no; o++) STORE_##SUFFIX(orow, o0 + o, yr[o]);                                       \
         } else {                                                                                           \
-            for (int o = 0; o < no; o++)                                                                   \
+            for (; o < no; o++)                                                                            \
                 STORE_##SUFFIX(orow, o0 + o, LOAD_##SUFFIX(orow, o0 + o) + ROUND_##SUFFIX(yr[o]));         \
         }                                                                                                  \
     }                                                                                                      \
@@ -489,7 +488,7 @@ DEFINE_EPILOGUE(float, f32)
 int NAME(const uint8_t *w, int32_t fmt, int64_t w_row_bytes, int32_t N, int32_t K, int32_t Kp,             \
          const T *x, int64_t x_stride, int32_t rows, const float *bias, T *out, int64_t out_stride,        \
          int32_t mode, int32_t num_threads) {                                                              \
-    const int groups = (N + GROUP - 1) / GROUP, block = rows < ROW_BLOCK ? rows : ROW_BLOCK;              \
+    const int block = rows < ROW_BLOCK ? rows : ROW_BLOCK;                                                  \
     const int integer = fmt >= FMT_I4; /* rows quantized to int8 blocks (int8_dot.h) */                    \
     const int64_t xb = int8_x_bytes(Kp);                                                                   \
     float *xs = malloc(sizeof(float) * (size_t)block * Kp);                                                \
@@ -500,6 +499,11 @@ int NAME(const uint8_t *w, int32_t fmt, int64_t w_row_bytes, int32_t N, int32_t 
     }                                                                                                      \
     /* A thread team costs a few microseconds: not worth it below ~50k multiply-adds. */                   \
     const int threads = (int64_t)N * K * rows >= 50000 ? num_threads : 1;                                  \
+    /* Outputs a work item: GROUP on the exact path (its scratch); on the integer path up to SPAN, fewer   \
+     * epilogue calls that vectorize across outputs, as long as every thread gets 4 items or more. */     \
+    int span = integer ? SPAN : GROUP;                                                                     \
+    while (span > GROUP && (N + span - 1) / span < 4 * threads) span /= 2;                                 \
+    const int items = (N + span - 1) / span;                                                               \
     _Pragma("omp parallel num_threads(threads)")                                                           \
     {                                                                                                      \
         float wbuf[GROUP * Kp] __attribute__((aligned(32)));                                               \
@@ -514,19 +518,20 @@ int NAME(const uint8_t *w, int32_t fmt, int64_t w_row_bytes, int32_t N, int32_t 
                 if (integer) int8_quantize_row(dst, Kp, xq + r * xb);                                      \
             }                                                                                              \
             _Pragma("omp for schedule(static)")                                                            \
-            for (int g = 0; g < groups; g++) {                                                             \
-                const int o0 = g * GROUP, no = N - o0 < GROUP ? N - o0 : GROUP;                            \
+            for (int g = 0; g < items; g++) {                                                              \
+                const int o0 = g * span, no = N - o0 < span ? N - o0 : span;                               \
                 const uint8_t *wg = w + (int64_t)o0 * w_row_bytes;                                         \
+                T *og = out + (int64_t)r0 * out_stride;                                                    \
                 if (integer) {                                                                             \
-                    float y[ROW_BLOCK * GROUP];                                                            \
-                    int8_rows(fmt - FMT_I4, wg, w_row_bytes, no, xq, xb, nr, Kp, y, GROUP);                \
-                    epilogue_##SUFFIX(y, nr, no, out + (int64_t)r0 * out_stride, out_stride, o0, bias, mode); \
+                    float y[ROW_BLOCK * SPAN];                                                             \
+                    int8_rows(fmt - FMT_I4, wg, w_row_bytes, no, xq, xb, nr, Kp, y, SPAN);                 \
+                    epilogue_##SUFFIX(y, SPAN, nr, no, og, out_stride, o0, bias, mode);                    \
                     continue;                                                                              \
                 }                                                                                          \
                 if (SIMD && nr <= IN_REGISTERS) { /* a decode or a short verify: expand in registers */    \
                     float y[IN_REGISTERS * GROUP];                                                         \
                     ROW_GROUP(fmt, wg, w_row_bytes, no, xs, Kp, nr, Kp, y);                                \
-                    epilogue_##SUFFIX(y, nr, no, out + (int64_t)r0 * out_stride, out_stride, o0, bias, mode); \
+                    epilogue_##SUFFIX(y, GROUP, nr, no, og, out_stride, o0, bias, mode);                   \
                     continue;                                                                              \
                 }                                                                                          \
                 const float *wf = wbuf;                                                                    \
@@ -543,7 +548,7 @@ int NAME(const uint8_t *w, int32_t fmt, int64_t w_row_bytes, int32_t N, int32_t 
                     const int rt = nr - r < MAX_RT ? nr - r : MAX_RT;                                      \
                     float y[MAX_RT * GROUP];                                                               \
                     tiles(wf, ws, xs + (int64_t)r * Kp, Kp, Kp, rt, no, y);                                \
-                    epilogue_##SUFFIX(y, rt, no, out + (int64_t)(r0 + r) * out_stride, out_stride, o0, bias, mode); \
+                    epilogue_##SUFFIX(y, GROUP, rt, no, og + (int64_t)r * out_stride, out_stride, o0, bias, mode); \
                     r += rt;                                                                               \
                 }                                                                                          \
             }                                                                                              \
