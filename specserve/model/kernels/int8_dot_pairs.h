@@ -24,15 +24,10 @@ static inline __m512 both_ps(const uint8_t *p) {
     return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_loadu_pd((const double *)p)));
 }
 
-/* The two halves' lane trees of f (as int_tile's) into y[0] and y[1]. */
+/* The two halves' lane trees of f (int_tile's) into y[0] and y[1]. */
 static inline void pair_sums(__m512 f, float *y) {
-    const __m256 halves[2] = {_mm512_castps512_ps256(f),
-                              _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(f), 1))};
-    for (int h = 0; h < 2; h++) {
-        __m128 v = _mm_add_ps(_mm256_castps256_ps128(halves[h]), _mm256_extractf128_ps(halves[h], 1));
-        v = _mm_add_ps(v, _mm_movehl_ps(v, v));
-        y[h] = _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)));
-    }
+    y[0] = lane_tree(_mm512_castps512_ps256(f));
+    y[1] = lane_tree(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(f), 1)));
 }
 
 static inline void prefetch_pair(const uint8_t *ahead, int64_t row_bytes, int64_t offset, int bytes) {
