@@ -4,7 +4,7 @@ busy, with the default threads and with each `--num-threads` choice, and the sam
     python bench/contention.py [--repeats 5] [--max-threads 2] [--wait-policies passive,active,spin=N]
 
 --wait-policies adds the default threads under other OpenMP wait policies (OMP_WAIT_POLICY=PASSIVE or
-ACTIVE, or GOMP_SPINCOUNT=N with no policy): `import specserve` sets GOMP_SPINCOUNT=300 unless the user
+ACTIVE, or GOMP_SPINCOUNT=N with no policy): `import specserve` sets GOMP_SPINCOUNT=3000 unless the user
 set either.
 
 Runs are interleaved (round by round, every choice once per round) and each prints its own generation time

@@ -28,6 +28,7 @@ from specserve.engine.outputs import RequestOutput, StepStats
 from specserve.engine.sampling_params import SamplingParams
 from specserve.engine.scheduler import Scheduler
 from specserve.engine.sequence import Sequence, Status
+from specserve.engine.threads import ThreadGovernor
 from specserve.errors import InvalidRequestError, SpecServeError
 from specserve.model import kernels as cpu_kernels
 from specserve.model.loader import load_model
@@ -71,6 +72,8 @@ class LLMEngine:
         self.config = config
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
+        # Threads given: kept. Otherwise the step runs on the cores other processes leave free.
+        self.threads = ThreadGovernor(torch.get_num_threads()) if not config.num_threads else None
         torch.manual_seed(config.seed)  # unseeded requests draw their generator seeds from here
         target = load_model(config.model, config.dtype, config.device, quantization=config.quantization)
         if config.quantization:
@@ -217,6 +220,8 @@ class LLMEngine:
     # ---- the step --------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         outputs, self._aborted = self._aborted, []
+        if self.threads is not None:
+            self.threads.tick()
         t0 = time.perf_counter()
         plan = self.scheduler.schedule(self.policy)
         for seq in plan.preempted:
