@@ -1,15 +1,17 @@
 """Sampling primitives shared by the engine's sampler and the draft proposers: temperature, top-k and top-p
-as batched tensor ops, and per-request seeded draws (inverse-CDF: one uniform per sampled token).
+as batched tensor ops, and per-request draws (inverse-CDF: one uniform per sampled token).
 
-Every random draw of a request comes from its own torch.Generator, so a seeded request samples the same
-tokens whatever else shares its batch, and a request with no draft tokens draws exactly what plain
-decoding draws. Draws are device ops on the request's generator: no host synchronisation.
+An unseeded request draws from its own torch.Generator (device ops, no host synchronisation). A seeded
+request's uniform at output position t is a function of (seed, t) alone (`position_uniforms`), so the token
+it samples there is the same whatever shares its batch and however many draws speculation made before it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+
+from specserve.seeding import position_uniforms
 
 
 @dataclass(slots=True)
@@ -75,16 +77,27 @@ def uniforms(generators: list[torch.Generator], size: int, device, dtype=torch.f
 
 def draw(probs: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
     """[N, V] non-negative weights (not necessarily normalised) -> [N] tokens, token t of row i with
-    probability probs[i, t] / Σ probs[i], from one uniform of generators[i]: inverse-CDF sampling. The
-    cumulative sums are float64, so that the 49,152 additions of a vocabulary do not blur the tail's mass
-    (float32 could shift up to ~1e-3 of probability between tokens). A token of weight 0 is never drawn.
-    (The exponential race, argmax p / E over V Exp(1) draws, is as exact but draws V numbers per row:
-    0.95 ms a row at V = 49,152 on the CPU here, against 0.08-0.2 ms for this.)"""
+    probability probs[i, t] / Σ probs[i], from one uniform of generators[i]."""
+    return inverse_cdf(probs, uniforms(generators, 1, probs.device, torch.float64))
+
+
+def draw_at(probs: torch.Tensor, seeds: list[int], positions: list[int]) -> torch.Tensor:
+    """[N, V] weights -> [N] tokens, row i drawn with the uniform of output position positions[i] of a request
+    seeded with seeds[i] (seeding.position_uniforms)."""
+    u = torch.from_numpy(position_uniforms(seeds, positions)).view(-1, 1).to(probs.device)
+    return inverse_cdf(probs, u)
+
+
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """[N, V] weights, [N, 1] float64 uniforms -> [N] tokens: the first token whose cumulative weight exceeds
+    u times the total. The cumulative sums are float64, so that the 49,152 additions of a vocabulary do not
+    blur the tail's mass (float32 could shift up to ~1e-3 of probability between tokens). A token of weight
+    0 is never drawn. (The exponential race, argmax p / E over V Exp(1) draws, is as exact but draws V
+    numbers per row: 0.95 ms a row at V = 49,152 on the CPU, against 0.08-0.2 ms for this.)"""
     cdf = probs.double().cumsum(dim=-1)                                    # [N, V]
     total = cdf[:, -1:]                                                    # [N, 1]
-    x = uniforms(generators, 1, probs.device, torch.float64) * total       # [N, 1] in [0, total)
-    token = torch.searchsorted(cdf, x, right=True)[:, 0]                   # first t with cdf[t] > x
-    return torch.minimum(token, (cdf < total).sum(dim=-1))  # x rounded up to total: the last weighted token
+    token = torch.searchsorted(cdf, u * total, right=True)[:, 0]           # first t with cdf[t] > u * total
+    return torch.minimum(token, (cdf < total).sum(dim=-1))  # u * total rounded up to total: the last weighted token
 
 
 def penalize(logits: torch.Tensor, params, prompt: list[int], output: list[int], drafts: torch.Tensor | None

@@ -14,7 +14,7 @@ import torch
 from specserve.batch import Proposal, ScheduledSeq
 from specserve.device_sync import to_host
 from specserve.model.kernels import argmax_rows
-from specserve.sampling import RowParams, penalize, process, to_probs  # noqa: F401  (to_probs: the processing API)
+from specserve.sampling import RowParams, draw_at, penalize, process, to_probs  # noqa: F401  (to_probs: the API)
 from specserve.spec_decode.rejection_sampler import PLACEHOLDER, rejection_sample
 
 
@@ -44,20 +44,28 @@ class Sampler:
             return _greedy(argmax, proposal, lengths, starts)
         committed = torch.full((len(sampling), k + 1), PLACEHOLDER, dtype=torch.long, device=device)
         greedy = [i for i, s in enumerate(sampling) if s.seq.params.greedy]
-        sampled = [i for i, s in enumerate(sampling) if not s.seq.params.greedy]
-        for group in (greedy, sampled):
+        seeded = [i for i, s in enumerate(sampling) if not s.seq.params.greedy and s.seq.params.seed is not None]
+        sampled = [i for i, s in enumerate(sampling) if not s.seq.params.greedy and s.seq.params.seed is None]
+        for group in (greedy, seeded, sampled):
             if not group:
                 continue
             rows = _index([r for i in group for r in range(starts[i], starts[i] + lengths[i] + 1)], device)
             cells = [(i, j) for i in group if i < len(proposal.lengths) for j in range(lengths[i])]
             drafts = proposal.token_ids[_index([i for i, _ in cells], device), _index([j for _, j in cells], device)]
-            p = q = gens = None
-            if group is sampled:
+            targets, p, q, gens = argmax[rows], None, None, None
+            if group is not greedy:
                 params = [sampling[i].seq.params for i in group for _ in range(lengths[i] + 1)]
                 p = process(logits[rows], RowParams.build(params, vocab, device))
+            if group is seeded:
+                # The token plain decoding would draw at each verify row's output position; drafts are
+                # accepted while they equal it, as greedy ones are against the argmax (design.md §4.3).
+                seeds = [sampling[i].seq.params.seed for i in group for _ in range(lengths[i] + 1)]
+                positions = [sampling[i].seq.num_output_tokens + j for i in group for j in range(lengths[i] + 1)]
+                targets, p = draw_at(p, seeds, positions), None
+            elif group is sampled:
                 q = _draft_probs(proposal, cells, device)
                 gens = [sampling[i].seq.generator for i in group]
-            out = rejection_sample(argmax[rows], p, drafts, q, [lengths[i] for i in group], gens)
+            out = rejection_sample(targets, p, drafts, q, [lengths[i] for i in group], gens)
             committed[_index(group, device), :out.shape[1]] = out
         logprobs, top_ids, top_lps = _logprobs(raw, committed, sampling, starts, lengths)
         host = to_host(committed, logprobs, proposal.confidences, top_ids, top_lps)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specserve.engine.seeding import SEED_MAX, SEED_MIN
+from specserve.seeding import SEED_MAX, SEED_MIN
 from specserve.structured_output import StructuredOutputsParams
 from specserve.errors import InvalidRequestError
 

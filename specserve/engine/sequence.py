@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specserve.engine.sampling_params import SamplingParams
-from specserve.engine.seeding import make_generator
+from specserve.seeding import make_generator
 
 
 class Status(enum.Enum):

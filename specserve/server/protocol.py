@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from specserve.engine.sampling_params import MAX_REPETITION_PENALTY, MAX_TOP_LOGPROBS, SamplingParams
-from specserve.engine.seeding import SEED_MAX, SEED_MIN
+from specserve.seeding import SEED_MAX, SEED_MIN
 from specserve.structured_output import StructuredOutputsParams, closed
 from specserve.errors import InvalidRequestError
 from specserve.server.errors import APIError

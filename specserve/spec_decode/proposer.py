@@ -19,7 +19,7 @@ import torch
 
 from specserve.batch import DraftOffer, ForwardItem, Proposal, ScheduledSeq
 from specserve.model.kernels import argmax_rows
-from specserve.sampling import RowParams, draw, penalize_draft, process
+from specserve.sampling import RowParams, draw, draw_at, penalize_draft, process
 from specserve.spec_decode.config import NGRAM
 from specserve.structured_output import DraftGuide
 
@@ -114,6 +114,10 @@ class Drafter:
         self.vocab_size = target_vocab_size
         # [draft_vocab] target id of each draft head row (on the draft's device), or None for a full head
         self.vocab_map = None if vocab_map is None else vocab_map.to(runner.device)
+        # The draft rows in the target's token order (None: already in it, as `specserve distill` writes them)
+        self.target_order = None
+        if vocab_map is not None and not bool((vocab_map[1:] > vocab_map[:-1]).all()):
+            self.target_order = torch.argsort(self.vocab_map)
         self.name = name
         self.lookup = lookup
         self.computed: dict[str, int] = {}  # request id -> tokens whose draft KV is in the cache
@@ -215,6 +219,24 @@ class Drafter:
             probs[tuple(torch.tensor(c, dtype=torch.long, device=probs.device) for c in zip(*cells))] = 1.0
         return probs
 
+    def _draw(self, q: torch.Tensor, seqs: list, step: int) -> torch.Tensor:
+        """Draft-vocabulary ids drawn from q [S, Vd]. A seeded request draws with the uniform of the output
+        position the token drafts for, in the target's token order, as the sampler will draw from p there:
+        the closer q is to p, the more often the two draws are the same token (design.md §4.3)."""
+        seeded = [r for r, seq in enumerate(seqs) if seq.params.seed is not None]
+        if not seeded:
+            return draw(q, [seq.generator for seq in seqs])
+        out = torch.empty(len(seqs), dtype=torch.long, device=q.device)
+        if unseeded := [r for r, seq in enumerate(seqs) if seq.params.seed is None]:
+            rows = torch.tensor(unseeded, dtype=torch.long, device=q.device)
+            out[rows] = draw(q[rows], [seqs[r].generator for r in unseeded])
+        rows = torch.tensor(seeded, dtype=torch.long, device=q.device)
+        qs = q[rows] if self.target_order is None else q[rows][:, self.target_order]
+        drawn = draw_at(qs, [seqs[r].params.seed for r in seeded],
+                        [seqs[r].num_output_tokens + step for r in seeded])
+        out[rows] = drawn if self.target_order is None else self.target_order[drawn]
+        return out
+
     def _draft_one(self, logits: torch.Tensor, drafting: list[int], decodes: list[ScheduledSeq],
                    proposal: Proposal, step: int) -> torch.Tensor:
         """Pick the next draft token of every drafting request from its draft logits [len(drafting), Vd];
@@ -228,7 +250,7 @@ class Drafter:
             at = torch.tensor(sampled, dtype=torch.long, device=device)
             q = process(logits[at], RowParams.build([seqs[r].params for r in sampled], logits.shape[-1], device))
             local = local.clone()
-            local[at] = draw(q, [seqs[r].generator for r in sampled])
+            local[at] = self._draw(q, [seqs[r] for r in sampled], step)
         tokens = local if self.vocab_map is None else self.vocab_map[local]
         rows = torch.tensor(drafting, dtype=torch.long, device=device)
         proposal.token_ids[rows, step] = tokens

@@ -66,3 +66,29 @@ def test_draw_is_reproducible_per_generator():
     first = draw(probs, [torch.Generator().manual_seed(s) for s in (1, 2, 3, 4)])
     # row 2 alone, with the same seed: the same token (a row's draw never depends on the other rows)
     assert draw(probs[2:3], [torch.Generator().manual_seed(3)]).item() == first[2].item()
+
+
+def _seeded(n: int, seed: int, output_tokens: int, temperature: float = 1.0):
+    params = SamplingParams(temperature=temperature, seed=seed)
+    seq = SimpleNamespace(params=params, generator=None, num_output_tokens=output_tokens)
+    return [SimpleNamespace(seq=seq) for _ in range(n)]
+
+
+@pytest.mark.parametrize("length", [0, 1, 3, 6])
+def test_a_seeded_verify_commits_the_tokens_plain_decoding_draws_at_each_position(length):
+    """A seeded request verifying `length` drafts commits, at every position it reaches, the token a plain
+    decode step (no drafts) draws at that output position; drafts are accepted while they equal it."""
+    gen = torch.Generator().manual_seed(length)
+    vocab, start = 13, 5  # the request has 5 output tokens before this step
+    for trial in range(30):
+        logits = torch.randn(length + 1, vocab, generator=gen)
+        plain = [Sampler()(logits[j:j + 1], _seeded(1, 77, start + j), Proposal([0], torch.zeros(1, 0).long()))[0][0][0]
+                 for j in range(length + 1)]
+        # drafts: the plain draws with a wrong token somewhere (or none), so runs end at varying positions
+        drafts = torch.tensor([plain[:length]], dtype=torch.long).view(1, length)
+        wrong = int(torch.randint(length + 1, (), generator=gen))
+        if wrong < length:
+            drafts[0, wrong] = (plain[wrong] + 1) % vocab
+        tokens = Sampler()(logits, _seeded(1, 77, start), Proposal([length], drafts))[0][0]
+        n = min(wrong, length)
+        assert tokens == plain[:n + 1], (trial, wrong)

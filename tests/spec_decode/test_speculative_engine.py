@@ -167,22 +167,25 @@ def exact_marginals(llm, prompt, params):
     return p1.cpu(), (p1 @ probs[1:]).cpu()
 
 
-@pytest.mark.parametrize("draft,ngram_first", [("tiny_far_draft", False), ("tiny_far_draft", True),
-                                               ("tiny_far_eagle", False)])
-def test_sampled_sd_follows_the_target_distribution(tiny_target, request, draft, ngram_first):
+@pytest.mark.parametrize("draft,ngram_first,seeded", [("tiny_far_draft", False, True), ("tiny_far_draft", True, True),
+                                                      ("tiny_far_eagle", False, True), ("tiny_far_draft", True, False),
+                                                      ("tiny_far_eagle", False, False)])
+def test_sampled_sd_follows_the_target_distribution(tiny_target, request, draft, ngram_first, seeded):
     """T = 0.8, top-p 0.9, a draft whose q differs a lot from p: the empirical distribution of the first
     two generated tokens under SD converges to the exact target marginals and beats random references.
     With ngram_first the prompt's repeat ([7, 8] -> 9) makes lookup propose the first step's tokens
     (one-hot q) and the draft model later steps where lookup finds nothing: both kinds of q in one batch.
     (Deterministic n-gram proposals alone are covered at the sampler level in test_rejection_sampler.)
-    The EAGLE draft's q comes from its reading of the target's hidden states."""
+    The EAGLE draft's q comes from its reading of the target's hidden states. Seeded requests verify against
+    the token plain decoding draws at each position (draws keyed by position); unseeded ones by rejection
+    sampling with their own generators."""
     spec = {"model": str(request.getfixturevalue(draft)), "num_speculative_tokens": 3, "ngram_first": ngram_first}
     llm = LLM(model=str(tiny_target), dtype="float32", speculative_config=spec, max_num_seqs=64)
     prompt = [7, 8, 9, 7, 8]
     base = dict(max_tokens=4, temperature=0.8, top_p=0.9, ignore_eos=True)
     p1, p2 = exact_marginals(llm, prompt, SamplingParams(**base))
     n = 3000
-    outs = llm.generate([prompt] * n, [SamplingParams(**base, seed=s) for s in range(n)])
+    outs = llm.generate([prompt] * n, [SamplingParams(**base, seed=s if seeded else None) for s in range(n)])
     assert sum(o.spec["num_accepted_tokens"] for o in outs) > 20  # the accept path is exercised
     assert sum(o.spec["num_draft_tokens"] - o.spec["num_accepted_tokens"] for o in outs) > 1000  # and rejected
     assert_follows(outs, p1, p2)

@@ -41,11 +41,31 @@ def check_seed(seed) -> int:
 
 def splitmix64(seed: int, n: int) -> np.ndarray:
     """The first `n` outputs of SplitMix64 started at `seed` (mod 2**64), as uint64 (numpy wraps mod 2**64)."""
+    return _splitmix64_at(seed, np.arange(n, dtype=np.uint64))
+
+
+def _splitmix64_at(seed, indices: np.ndarray) -> np.ndarray:
+    """Outputs number `indices` (0-based) of SplitMix64 started at `seed` (an int, or uint64 per index):
+    any output directly, without running the stream up to it."""
     with np.errstate(over="ignore"):
-        x = np.uint64(seed & _MASK64) + np.arange(1, n + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+        start = np.uint64(seed & _MASK64) if isinstance(seed, int) else seed
+        x = start + (indices.astype(np.uint64) + np.uint64(1)) * np.uint64(0x9E3779B97F4A7C15)
         z = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
         return z ^ (z >> np.uint64(31))
+
+
+_POSITIONS = 0x5EED0F0A7B17  # keys the position streams apart from the generator states made from a seed
+
+
+def position_uniforms(seeds: list[int], positions: list[int]) -> np.ndarray:
+    """float64 U[0, 1) draws with 53 random bits, one per (seed, output position) pair: draw i is a function
+    of seeds[i] and positions[i] alone, so the token a seeded request samples at a position does not depend
+    on how many draws came before it (speculation's draft lengths, which change with load)."""
+    streams = np.array([(seed ^ _POSITIONS) & _MASK64 for seed in seeds], dtype=np.uint64)
+    keys = _splitmix64_at(streams, np.zeros(len(seeds), dtype=np.uint64))
+    bits = _splitmix64_at(keys, np.asarray(positions, dtype=np.uint64))
+    return (bits >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
 
 
 def mt19937_words(seed: int) -> np.ndarray:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specserve import SamplingParams
-from specserve.engine.seeding import SEED_MAX, SEED_MIN, make_generator, mt19937_words, splitmix64
+from specserve.seeding import SEED_MAX, SEED_MIN, make_generator, mt19937_words, splitmix64
 from specserve.errors import InvalidRequestError
 
 
@@ -90,3 +90,24 @@ def test_tiny_temperature_and_huge_top_k_offline(tiny_target):
     plain = SamplingParams(max_tokens=16, temperature=1.0, top_p=0.9, seed=5, ignore_eos=True)
     assert llm.generate(prompt, huge)[0].token_ids == llm.generate(prompt, plain)[0].token_ids
     assert huge.top_k == 260  # clamped to the vocabulary when the request was prepared
+
+
+def test_position_uniforms_depend_on_seed_and_position_alone():
+    from specserve.seeding import position_uniforms
+    one = position_uniforms([9] * 6, list(range(6)))
+    assert list(position_uniforms([9, 9], [4, 2])) == [one[4], one[2]]  # any order, any subset
+    assert list(position_uniforms([3, 9, 3], [0, 5, 1])) == [position_uniforms([3], [0])[0], one[5],
+                                                              position_uniforms([3], [1])[0]]
+    for a, b in [(-1, SEED_MAX), (5, 5 + 2**32), (0, SEED_MIN)]:  # seeds that share their low 32 bits differ
+        assert (position_uniforms([a] * 4, range(4)) != position_uniforms([b] * 4, range(4))).all()
+
+
+def test_position_uniforms_are_uniform():
+    from scipy import stats
+
+    from specserve.seeding import position_uniforms
+    across_positions = position_uniforms([11] * 20000, list(range(20000)))
+    across_seeds = position_uniforms(list(range(-10000, 10000)), [3] * 20000)
+    for u in (across_positions, across_seeds):
+        assert ((0 <= u) & (u < 1)).all()
+        assert stats.kstest(u, "uniform").pvalue > 1e-3
