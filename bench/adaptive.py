@@ -77,7 +77,7 @@ def build_engine(workload: str, threads: int, plain: bool = False, draft_quantiz
                                "quantization": draft_quantization}
     llm = LLM(model="smollm2-135m", num_threads=threads, max_num_seqs=64, max_num_batched_tokens=512,
               speculative_config=spec)
-    llm.engine.models.profile()  # before any request: the adaptive and goodput policies read it
+    llm.engine.profile_costs()  # before any request: the adaptive and goodput policies read it
     return llm
 
 

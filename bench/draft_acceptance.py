@@ -98,6 +98,9 @@ def main() -> None:
                     help="also run each EAGLE draft's step 1 on the target's exact features of the same prompts and "
                          "greedy replies, without the engine (what the draft cannot predict vs what serving loses)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--quantizations", default="none",
+                    help="comma-separated: the drafts' weights as loaded (none = as stored, q8_0, q4_0, q4_1); each "
+                         "draft is measured under each")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -111,8 +114,13 @@ def main() -> None:
     # The target in bf16, as distillation teaches it (its features are what the drafts learned to read).
     teacher = load_model(TARGET, "float32").model.to(torch.bfloat16) if args.teacher_forced else None
     rows = {}
-    for name in args.drafts:
-        spec = {"model": name, "num_speculative_tokens": args.k}
+    quantizations = args.quantizations.split(",")
+    columns = [(d, q) for d in args.drafts for q in quantizations]
+    for draft, quantization in columns:
+        name = draft if quantizations == ["none"] else f"{draft} {quantization}"
+        spec = {"model": draft, "num_speculative_tokens": args.k}
+        if quantization != "none":
+            spec["quantization"] = quantization
         llm = LLM(model=TARGET, speculative_config=spec, num_threads=args.threads)
         outs = {"code": llm.generate(code, params)}
         print(f"{name} code: {evaluate.tokens_per_step(outs['code']):.2f}", file=sys.stderr, flush=True)
@@ -137,10 +145,11 @@ def main() -> None:
                 kept = torch.tensor([proposer.coverage(p) for p in prompts]).mean(dim=0).tolist()
                 res.setdefault("_routes", {})[w] = [(routes.count(i), kept[i]) for i in range(len(kept))]
         draft_model = getattr(proposer, "proposers", [proposer])[0].runner.model
-        res["_params"] = stored_parameters(resolve_drafts(name)[0])
+        res["_params"] = stored_parameters(resolve_drafts(draft)[0])
         res["_flops"] = evaluate.forward_flops(draft_model.config, 264)
         rows[name] = res
         del llm
+    args.drafts = list(rows)  # the table's columns: each draft, under each quantization
     t_flops = evaluate.forward_flops(plain.engine.model_config, 264)
     workloads = ["code", "chat (all)"] + list(chat) + (["sharegpt (held-out)"] if sharegpt else [])
     print(f"\nTokens per verify step (greedy, k = {args.k}, 64 new tokens): code = {len(code)} held-out stdlib "
@@ -181,12 +190,13 @@ def main() -> None:
         print(f"\nWall clock at batch 1 (bf16, {args.threads} threads): target decode forward {t_step * 1e3:.1f} ms")
         base = generation_rate(plain, code[:8])
         print(f"plain decoding on 8 code prompts: {base:.1f} tok/s")
-        for d in args.drafts:
-            d_step = decode_step_seconds(resolve_drafts(d)[0])
-            llm = LLM(model=TARGET, speculative_config={"model": d, "num_speculative_tokens": args.k},
-                      num_threads=args.threads)
+        for (draft, quantization), d in zip(columns, args.drafts):
+            d_step = decode_step_seconds(resolve_drafts(draft)[0])
+            spec = {"model": draft, "num_speculative_tokens": args.k,
+                    **({"quantization": quantization} if quantization != "none" else {})}
+            llm = LLM(model=TARGET, speculative_config=spec, num_threads=args.threads)
             sd = generation_rate(llm, code[:8])
-            print(f"{d}: draft forward {d_step * 1e3:.2f} ms = {d_step / t_step:.3f} of the target; "
+            print(f"{d}: draft forward (as stored) {d_step * 1e3:.2f} ms = {d_step / t_step:.3f} of the target; "
                   f"speculative decoding {sd:.1f} tok/s = {sd / base:.2f}x plain")
 
 

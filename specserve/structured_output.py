@@ -22,7 +22,7 @@ import torch
 
 from specserve.device_sync import to_host
 from specserve.errors import InvalidRequestError
-from specserve.spec_decode.config import NGRAM
+from specserve.spec_decode.config import FREE
 
 
 class InvalidGrammarError(InvalidRequestError):
@@ -185,7 +185,7 @@ def cut_drafts(decodes, proposal) -> dict[int, list[int]]:
     for r, i in enumerate(guided):
         drafts = rows[r][:proposal.lengths[i]] if rows else []
         n = decodes[i].seq.grammar.valid_prefix(drafts) if drafts else 0
-        stochastic = proposal.probs is not None and i in proposal.sampled and proposal.sources[i] != NGRAM
+        stochastic = proposal.probs is not None and i in proposal.sampled and proposal.sources[i] not in FREE
         proposal.lengths[i] = kept_drafts(n, len(drafts), stochastic)
         kept[i] = drafts[:n]
     return kept

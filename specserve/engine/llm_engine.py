@@ -33,6 +33,7 @@ from specserve.errors import InvalidRequestError, SpecServeError
 from specserve.model import kernels as cpu_kernels
 from specserve.model.loader import load_model
 from specserve.model.quantize import weight_summary
+from specserve.spec_decode.choice import DraftChoice
 from specserve.spec_decode.cost_model import StepCostModel
 from specserve.spec_decode.draft_loader import build_proposer, draft_runners, load_drafts
 from specserve.spec_decode.policies import make_policy
@@ -105,13 +106,13 @@ class LLMEngine:
                                         max_graph_tokens=min(512, config.max_num_batched_tokens),
                                         max_num_seqs=config.max_num_seqs)
         self.runner = make_runner(target.model)
-        self.proposer = build_proposer(spec, drafts, target, make_runner) if spec else None
+        self.models = SpeculationModels(k)
+        self.proposer = build_proposer(spec, drafts, target, make_runner, DraftChoice(self.models)) if spec else None
         # (No closure over self: an engine in a reference cycle would keep its KV cache until a GC pass.)
-        profile = functools.partial(profile_step_costs, self.runner, self.proposer, config, target, drafts)
-        self.models = SpeculationModels(k, profile)
+        self._measure_costs = functools.partial(profile_step_costs, self.runner, self.proposer, config, target, drafts)
         self.policy = make_policy(spec.policy, k, spec.policy_options, self.models) if spec else None
         if (self.policy is not None and self.policy.uses_cost_model) or config.slo_tpot_ms:
-            self.models.profile()  # now, while the KV cache holds no request: the sweep writes into it
+            self.profile_costs()
         self.executor = Executor(self.runner, self.proposer, self.policy)
         self.scheduler = Scheduler(BlockManager(num_blocks, config.block_size, config.enable_prefix_caching),
                                    config.max_num_seqs,
@@ -124,6 +125,11 @@ class LLMEngine:
         self._aborted: list[RequestOutput] = []  # final outputs of aborted requests, for the next step
         self._ids = itertools.count()
         self.last_stats = StepStats()
+
+    def profile_costs(self) -> None:
+        """The step cost model's startup sweep (or its cached result). Before any request runs: the sweep
+        writes into the KV cache."""
+        self.models.profile(self._measure_costs)
 
     # ---- requests -------------------------------------------------------------------------------
     def prepare(self, prompt: str | list[int], params: SamplingParams) -> list[int]:

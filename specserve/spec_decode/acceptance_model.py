@@ -9,7 +9,8 @@ a weak prior at its own confidence, so an unseen draft trusts its confidences un
 
 Before a position is drafted there is no confidence yet: the position's measured acceptance stands in.
 A request's own history moves its prediction (a request that repeats itself is accepted more than the
-average): its accepted / tested ratio, shrunk towards the global one by PRIOR_TESTS pseudo-tests.
+average): its accepted / tested ratio with that draft, shrunk towards the draft's global one by PRIOR_TESTS
+pseudo-tests (per draft: how a request fares with prompt lookup says little of how it fares with a model).
 """
 from __future__ import annotations
 
@@ -65,7 +66,7 @@ class AcceptanceModel:
         self.max_positions = max(max_positions, 1)
         self.calibrations: dict[tuple[str, int], Calibration] = {}
         self.position_counts: dict[str, np.ndarray] = {}  # draft -> [2, K] accepted, tested per position
-        self.requests: dict[str, list[float]] = {}         # request id -> [accepted, tested]
+        self.requests: dict[str, dict[str, list[float]]] = {}  # request id -> draft -> [accepted, tested]
         self.recent: deque[tuple[float, bool]] = deque(maxlen=WINDOW)
 
     # ---- predictions -------------------------------------------------------------------------------
@@ -90,7 +91,7 @@ class AcceptanceModel:
     def request_factor(self, request_id: str, draft: str | None, base: float | None = None) -> float:
         """The request's own acceptance relative to its draft's (1 for a new request); `base`: the draft's
         global_acceptance, if already known."""
-        own = self.requests.get(request_id)
+        own = self.requests.get(request_id, {}).get(draft or "")
         if own is None:
             return 1.0
         base = self.global_acceptance(draft) if base is None else base
@@ -133,7 +134,7 @@ class AcceptanceModel:
             predicted = self.predict(outcome.request_id, draft)
         counts = self.position_counts.setdefault(draft, np.zeros((2, self.max_positions)))
         tested = outcome.outcomes
-        own = self.requests.setdefault(outcome.request_id, [0.0, 0.0])
+        own = self.requests.setdefault(outcome.request_id, {}).setdefault(draft, [0.0, 0.0])
         own[0] += outcome.num_accepted
         own[1] += len(tested)
         for m, accepted in enumerate(tested):

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specserve.spec_decode.config import NGRAM
+from specserve.spec_decode.config import FREE
 
 
 @dataclass(slots=True)
@@ -137,7 +137,7 @@ def _draft_increments(req, pos, drafts, k, costs, first_rows=None) -> np.ndarray
     if not len(req):
         return np.zeros(0)
     names = sorted(costs.draft)  # a request no draft has served yet is costed as the first draft's
-    draft_of = np.array([names.index(d) if d in costs.draft else (0 if names and d != NGRAM else -1)
+    draft_of = np.array([names.index(d) if d in costs.draft else (0 if names and d not in FREE else -1)
                          for d in drafts])[req]
     key = np.where(draft_of >= 0, draft_of * k + pos, -1)
     rows = np.ones(len(key), dtype=int)

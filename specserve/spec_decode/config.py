@@ -3,8 +3,13 @@
     {"model": "DIR_OR_ALIAS", "num_speculative_tokens": 4}                 draft model
     {"method": "ngram", "num_speculative_tokens": 4,
      "prompt_lookup_max": 4, "prompt_lookup_min": 2}                       prompt lookup, no draft model
-    {"model": "DIR_OR_ALIAS", "num_speculative_tokens": 4, "ngram_first": true}
-                                      prompt lookup where it finds a match, the draft model elsewhere
+    {"method": "suffix", "num_speculative_tokens": 8, "suffix_decoding_max_tree_depth": 64,
+     "suffix_decoding_max_cached_requests": 1000, "suffix_decoding_max_spec_factor": 1.0,
+     "suffix_decoding_min_token_prob": 0.1}                            suffix decoding (spec_decode/suffix.py)
+    {"model": "DIR_OR_ALIAS", "num_speculative_tokens": 4, "ngram_first": true, "suffix_first": true}
+                                      prompt lookup and/or suffix decoding where they find a match, the draft
+                                      model elsewhere: each request, each step, whichever is predicted to
+                                      commit the most tokens per unit of time (spec_decode/choice.py)
     {"method": "eagle", "model": "DIR_OR_ALIAS", "num_speculative_tokens": 4}
                                       a draft that reads the target's hidden state (`specserve distill
                                       --method eagle`); "draft_model" with such a directory works too
@@ -35,11 +40,13 @@ from dataclasses import dataclass, fields
 from specserve.errors import SpecServeError
 
 NGRAM = "ngram"  # the method, and the source name of prompt-lookup proposals (priced as a free draft)
-METHODS = ("draft_model", "eagle", NGRAM)
-# The server's default: prompt lookup where it finds a match, the shipped EAGLE drafts elsewhere, each
-# request's draft length chosen every step by the adaptive policy, up to 4.
+SUFFIX = "suffix"  # the method, and the source name of suffix-decoding proposals (free too)
+FREE = (NGRAM, SUFFIX)  # proposals that cost no draft forward
+METHODS = ("draft_model", "eagle", NGRAM, SUFFIX)
+# The server's default: prompt lookup or suffix decoding where they find a match, the shipped EAGLE drafts
+# elsewhere, each request's draft length chosen every step by the adaptive policy, up to 4.
 DEFAULT_SPECULATIVE = ('{"model": "default", "num_speculative_tokens": 4, "ngram_first": true, '
-                       '"policy": "adaptive"}')
+                       '"suffix_first": true, "policy": "adaptive"}')
 DRAFT_QUANTIZATIONS = ("q8_0", "q4_0", "q4_1")  # model/quantize.py's at-load formats (CPU kernels)
 OFF = ("", "none", "null", "off")  # --speculative-config values that switch speculation off
 MAX_SPECULATIVE_TOKENS = 16  # verify queries stay in the "short" attention group (attention.SHORT_QUERY_MAX)
@@ -54,7 +61,12 @@ class SpeculativeConfig:
     prompt_lookup_min: int = 2
     draft_dtype: str | None = None  # default: the target's dtype
     quantization: str | None = None  # the drafts' weights: None dense; "q8_0", "q4_0", "q4_1" quantized at load
-    ngram_first: bool = False  # draft model only: try prompt lookup first, draft where it finds nothing
+    ngram_first: bool = False  # draft model only: prompt lookup where it finds a match (spec_decode/choice.py)
+    suffix_first: bool = False  # draft model only: suffix decoding where it finds a match
+    suffix_decoding_max_tree_depth: int = 64  # vLLM's names; spec_decode/suffix.py says what each does
+    suffix_decoding_max_cached_requests: int = 1000
+    suffix_decoding_max_spec_factor: float = 1.0
+    suffix_decoding_min_token_prob: float = 0.1
     policy: str = "static"  # spec_decode/policies/: how many tokens each request drafts, step by step
     policy_options: dict | None = None
 
@@ -70,11 +82,23 @@ class SpeculativeConfig:
             raise SpecServeError(f'"model" must be a draft name or a non-empty list of draft names, got {self.model!r}')
         if self.method in ("draft_model", "eagle") and not self.model:
             raise SpecServeError('speculative config needs "model" (a draft directory or alias) '
-                                 'or "method": "ngram"')
-        if not isinstance(self.ngram_first, bool):
-            raise SpecServeError(f"ngram_first must be true or false, got {self.ngram_first!r}")
-        if self.ngram_first and self.method == NGRAM:
-            raise SpecServeError('"ngram_first" combines prompt lookup with a draft model: it needs "model"')
+                                 'or "method": "ngram" or "suffix"')
+        for name in ("ngram_first", "suffix_first"):
+            if not isinstance(getattr(self, name), bool):
+                raise SpecServeError(f"{name} must be true or false, got {getattr(self, name)!r}")
+            if getattr(self, name) and self.method in FREE:
+                raise SpecServeError(f'"{name}" combines a model-free proposer with a draft model: it needs "model"')
+        if not (isinstance(self.suffix_decoding_max_tree_depth, int) and self.suffix_decoding_max_tree_depth >= 1):
+            raise SpecServeError("suffix_decoding_max_tree_depth must be a positive integer")
+        if not (isinstance(self.suffix_decoding_max_cached_requests, int)
+                and self.suffix_decoding_max_cached_requests >= 0):
+            raise SpecServeError("suffix_decoding_max_cached_requests must be an integer >= 0 (0: no cache)")
+        if not (isinstance(self.suffix_decoding_max_spec_factor, (int, float))
+                and self.suffix_decoding_max_spec_factor > 0):
+            raise SpecServeError("suffix_decoding_max_spec_factor must be a positive number")
+        if not (isinstance(self.suffix_decoding_min_token_prob, (int, float))
+                and 0 <= self.suffix_decoding_min_token_prob <= 1):
+            raise SpecServeError("suffix_decoding_min_token_prob must be in [0, 1]")
         if not isinstance(self.policy, str) or not self.policy:
             raise SpecServeError(f'"policy" must be a policy name, got {self.policy!r}')
         if self.policy_options is not None and not isinstance(self.policy_options, dict):

@@ -25,7 +25,7 @@ import torch
 
 from specserve.batch import ForwardItem
 from specserve.cache import cache_dir
-from specserve.spec_decode.config import NGRAM
+from specserve.spec_decode.config import FREE
 
 log = logging.getLogger("specserve.cost")
 
@@ -172,10 +172,10 @@ class StepCostModel:
         return np.maximum.accumulate(self.verify_time(rows, kv_tokens))
 
     def draft_time(self, draft: str | None, rows, kv_tokens) -> np.ndarray:
-        """Seconds of one draft forward over `rows` rows (0 for prompt lookup, which runs no model)."""
+        """Seconds of one draft forward over `rows` rows (0 for prompt lookup and suffix decoding: no model)."""
         cost = self.drafts.get(draft) if draft is not None else None
         if cost is None:
-            cost = next(iter(self.drafts.values()), None) if draft != NGRAM else None
+            cost = next(iter(self.drafts.values()), None) if draft not in FREE else None
         rows = np.atleast_1d(np.asarray(rows))
         if cost is None:
             return np.zeros(len(rows))

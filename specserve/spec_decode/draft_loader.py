@@ -7,15 +7,18 @@ import torch
 
 from specserve.errors import SpecServeError
 from specserve.model.loader import LoadedModel, load_model
-from specserve.spec_decode.config import NGRAM, SpeculativeConfig
+from specserve.spec_decode.choice import DraftChoice
+from specserve.spec_decode.config import FREE, NGRAM, SUFFIX, SpeculativeConfig
 from specserve.spec_decode.eagle import EagleProposer, TargetFeatures
-from specserve.spec_decode.proposer import DraftModelProposer, Drafter, NgramProposer
+from specserve.spec_decode.lookup import NgramProposer
+from specserve.spec_decode.proposer import DraftModelProposer, Drafter
 from specserve.spec_decode.router import RoutedProposer
+from specserve.spec_decode.suffix import SuffixOptions, SuffixProposer
 
 
 def load_drafts(spec: SpeculativeConfig, target: LoadedModel, config) -> list[LoadedModel]:
     """The draft models `spec` names (none for n-gram lookup; several are routed per request)."""
-    if spec.method == NGRAM:
+    if spec.method in FREE:
         return []
     from specserve.spec_decode.drafts import resolve_drafts
     return [load_draft(name, spec, target, config) for name in resolve_drafts(spec.model)]
@@ -63,32 +66,45 @@ def draft_names(drafts: list[LoadedModel]) -> list[str]:
     return names if len(set(names)) == len(names) else [str(d.path) for d in drafts]
 
 
+def suffix_proposer(spec: SpeculativeConfig, device) -> SuffixProposer:
+    return SuffixProposer(SuffixOptions(spec.suffix_decoding_max_tree_depth, spec.suffix_decoding_max_cached_requests,
+                                        spec_factor=spec.suffix_decoding_max_spec_factor,
+                                        min_token_prob=spec.suffix_decoding_min_token_prob), device)
+
+
 def build_proposer(spec: SpeculativeConfig, drafts: list[LoadedModel], target: LoadedModel, make_runner,
-                   names: list[str] | None = None, features: TargetFeatures | None = None):
-    """make_runner(model) -> the runner that drafts with `model` over the engine's block tables; `features`:
-    the target's hidden states that EAGLE drafts read (one store for all of them, made here if None)."""
+                   choice: DraftChoice | None = None, names: list[str] | None = None,
+                   features: TargetFeatures | None = None, lookups: list | None = None):
+    """make_runner(model) -> the runner that drafts with `model` over the engine's block tables; choice: which
+    source drafts each request (a lookup's hit or the model; None: the first hit); `features`: the target's
+    hidden states that EAGLE drafts read (one store for all of them, made here if None); lookups: the free
+    proposers the drafts share (so that suffix decoding's cache of earlier outputs is one; made here if None)."""
     device = target.model.embed_tokens.weight.device
     if spec.method == NGRAM:
         return NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max, device)
+    if spec.method == SUFFIX:
+        return suffix_proposer(spec, device)
     names = names or draft_names(drafts)
+    if lookups is None:
+        lookups = ([suffix_proposer(spec, device)] if spec.suffix_first else []) + (
+            [NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max, device)] if spec.ngram_first else [])
     if len(drafts) > 1:
         vocab = target.config.vocab_size
         proposers = []
         for d, name in zip(drafts, names):
-            proposers.append(build_proposer(spec, [d], target, make_runner, [name], features))
+            proposers.append(build_proposer(spec, [d], target, make_runner, choice, [name], features, lookups))
             features = getattr(proposers[-1], "features", features)  # EAGLE drafts share the first one's
         return RoutedProposer(proposers,
                               [load_vocab_map(d, vocab) for d in drafts], vocab, names)
     draft = drafts[0]
-    lookup = NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max, device) if spec.ngram_first else None
     drafter = Drafter(make_runner(draft.model), target.config.vocab_size,
-                      load_vocab_map(draft, target.config.vocab_size), names[0], lookup)
+                      load_vocab_map(draft, target.config.vocab_size), names[0], lookups, choice)
     return EagleProposer(drafter, features) if draft.config.eagle else DraftModelProposer(drafter)
 
 
 def draft_runners(proposer) -> dict:
     """{draft name: the runner it drafts with} of a built proposer (empty for prompt lookup alone)."""
-    if proposer is None or isinstance(proposer, NgramProposer):
+    if proposer is None or isinstance(proposer, (NgramProposer, SuffixProposer)):
         return {}
     if isinstance(proposer, RoutedProposer):
         return {name: p.runner for name, p in zip(proposer.names, proposer.proposers)}

@@ -8,7 +8,7 @@ import numpy as np
 from specserve.batch import BatchView, StepFeedback
 from specserve.spec_decode.acceptance_model import AcceptanceModel
 from specserve.spec_decode.allocation import StepCosts
-from specserve.spec_decode.config import NGRAM
+from specserve.spec_decode.config import FREE
 from specserve.spec_decode.cost_model import StepCostModel
 
 
@@ -61,17 +61,16 @@ class DraftingError:
 
 
 class SpeculationModels:
-    def __init__(self, max_drafts: int, profile):
-        """profile() -> StepCostModel: the startup sweep (or its cached result)."""
+    def __init__(self, max_drafts: int):
         self.acceptance = AcceptanceModel(max_drafts)
         self.drafting = DraftingError()
-        self._profile = profile
         self._cost: StepCostModel | None = None
 
-    def profile(self) -> None:
-        """Build the cost model (the engine calls this before any request runs)."""
+    def profile(self, measure) -> None:
+        """Build the cost model with measure() -> StepCostModel, the startup sweep or its cached result (the
+        engine calls this before any request runs)."""
         if self._cost is None:
-            self._cost = self._profile()
+            self._cost = measure()
 
     @property
     def cost(self) -> StepCostModel:
@@ -110,7 +109,7 @@ class SpeculationModels:
         request no draft has served yet (allocation.py costs it so); not every loaded draft."""
         names = sorted(self.cost.drafts)
         wanted = {r.draft for r in batch.requests}
-        if names and any(d != NGRAM and d not in self.cost.drafts for d in wanted):
+        if names and any(d not in FREE and d not in self.cost.drafts for d in wanted):
             wanted.add(names[0])
         return [name for name in names if name in wanted]
 

@@ -1,5 +1,6 @@
-"""Proposers: where draft tokens come from. Prompt lookup (n-gram), or a small model drafting in a batched
-loop over its own paged KV cache (`Drafter`), which a standalone draft and an EAGLE draft both use.
+"""Proposers: where draft tokens come from. A small model drafting in a batched loop over its own paged KV
+cache (`Drafter`), which a standalone draft and an EAGLE draft both use; the model-free proposers (prompt
+lookup, suffix decoding) are in lookup.py and suffix.py.
 
 Every proposer offers:
     has_cache             it keeps its own KV cache: prompt chunks are mirrored into it as the target runs them
@@ -20,96 +21,20 @@ import torch
 from specserve.batch import DraftOffer, ForwardItem, Proposal, ScheduledSeq
 from specserve.model.kernels import argmax_rows
 from specserve.sampling import RowParams, draw, draw_at, penalize_draft, process
-from specserve.spec_decode.config import NGRAM
+from specserve.spec_decode.choice import DraftChoice
+from specserve.spec_decode.lookup import lookup_proposal
 from specserve.structured_output import DraftGuide
-
-
-class NgramIndex:
-    """The latest start of every n-gram (n in min_n..max_n) of a growing token list whose next token is
-    known, updated with the tokens added since the last lookup: O(new tokens) per step, not O(length)."""
-
-    def __init__(self, min_n: int, max_n: int):
-        self.min_n, self.max_n = min_n, max_n
-        self.latest: dict[int, dict[tuple, int]] = {n: {} for n in range(min_n, max_n + 1)}
-        self.length = 0  # tokens indexed: every n-gram starting at s <= length - 1 - n is in `latest`
-
-    def find(self, tokens: list[int], k: int) -> list[int]:
-        """The (at most k) tokens that followed the latest earlier occurrence of the last n tokens, n from
-        max_n down to min_n; [] when none recurs."""
-        size = len(tokens)
-        for n, latest in self.latest.items():
-            for start in range(max(0, self.length - n), size - n):
-                latest[tuple(tokens[start:start + n])] = start
-        self.length = size
-        for n in range(min(self.max_n, size - 1), self.min_n - 1, -1):
-            start = self.latest[n].get(tuple(tokens[size - n:]))
-            if start is not None:
-                return tokens[start + n:start + n + k]
-        return []
-
-
-class NgramProposer:
-    """Prompt lookup: find the latest earlier occurrence of the sequence's last n tokens (n from max
-    down to min) and propose the tokens that followed it."""
-
-    has_cache = False
-    reads_target_hidden = False
-
-    def __init__(self, prompt_lookup_min: int, prompt_lookup_max: int, device="cpu"):
-        self.min_n, self.max_n = prompt_lookup_min, prompt_lookup_max
-        self.device = torch.device(device)
-        self.indexes: dict[str, NgramIndex] = {}  # request id -> its tokens' n-grams
-        self.hits: dict[str, tuple[int, int, list[int]]] = {}  # request id -> (length, k, its hit there)
-
-    def propose(self, prefills: list[ScheduledSeq], decodes: list[ScheduledSeq], confidences=False) -> Proposal:
-        found = [self.hit(s.seq, s.max_drafts) if s.max_drafts else [] for s in decodes]
-        return lookup_proposal(found, confidences, self.device)
-
-    def peek(self, seq, k: int) -> DraftOffer:
-        """Before planning: lookup offers its hit's length, nothing more, and runs no forward."""
-        return DraftOffer(NGRAM, len(self.hit(seq, k)), 0)
-
-    def hit(self, seq, k: int) -> list[int]:
-        """lookup() of the sequence's tokens, at most k long, remembered until it grows: the scheduler peeks
-        before the policy plans (at the ceiling) and the proposer drafts after it (at the planned length)."""
-        memo = self.hits.get(seq.request_id)
-        if memo is None or memo[0] != len(seq.token_ids) or memo[1] < k:
-            index = self.indexes.setdefault(seq.request_id, NgramIndex(self.min_n, self.max_n))
-            memo = self.hits[seq.request_id] = (len(seq.token_ids), k, self.lookup(seq.token_ids, k, index))
-        return memo[2][:k]
-
-    def lookup(self, tokens: list[int], k: int, index: NgramIndex | None = None) -> list[int]:
-        """The lookup's proposal for `tokens`; `index`: the request's, brought up to date on the way."""
-        return (index or NgramIndex(self.min_n, self.max_n)).find(tokens, k)
-
-    def on_commit(self, seq, num_committed: int) -> None:
-        pass
-
-    def reset(self, request_id: str) -> None:
-        pass  # a hit depends on the tokens only, which preemption keeps
-
-    def free(self, request_id: str) -> None:
-        self.hits.pop(request_id, None)
-        self.indexes.pop(request_id, None)
-
-
-def lookup_proposal(found: list[list[int]], confidences: bool, device) -> Proposal:
-    """A Proposal of deterministic drafts known on the host (q one-hot: no probs; confidence 1)."""
-    k = max(map(len, found), default=0)
-    tokens = torch.tensor([f + [0] * (k - len(f)) for f in found], dtype=torch.long, device=device).view(len(found), k)
-    confidences = torch.ones(len(found), k, device=device) if confidences else None
-    return Proposal([len(f) for f in found], tokens, confidences=confidences,
-                    sources=[NGRAM if f else None for f in found], host_token_ids=found)
 
 
 class Drafter:
     """Batched autoregressive drafting with a small model: one forward per draft position for every request
     still drafting, the sampled token fed back on the device. Requests drop out at their planned length, known
-    on the host: drafting reads nothing back from the device. With `lookup`, a request whose context repeats takes the lookup's tokens
-    (free, and on code accepted more often than the draft model's) and the model drafts for the others."""
+    on the host: drafting reads nothing back from the device. With `lookups` (prompt lookup, suffix decoding:
+    free), a request takes a lookup's tokens where `choice` says they commit more per second than the model's
+    (choice.py), and the model drafts for the others."""
 
     def __init__(self, runner, target_vocab_size: int, vocab_map: torch.Tensor | None, name: str,
-                 lookup: NgramProposer | None = None):
+                 lookups: list | None = None, choice: DraftChoice | None = None):
         self.runner = runner
         self.vocab_size = target_vocab_size
         # [draft_vocab] target id of each draft head row (on the draft's device), or None for a full head
@@ -119,22 +44,25 @@ class Drafter:
         if vocab_map is not None and not bool((vocab_map[1:] > vocab_map[:-1]).all()):
             self.target_order = torch.argsort(self.vocab_map)
         self.name = name
-        self.lookup = lookup
+        self.lookups = lookups or []  # NgramProposer, SuffixProposer: each with a `name` and hit(seq, k)
+        self.choice = choice or DraftChoice()
         self.computed: dict[str, int] = {}  # request id -> tokens whose draft KV is in the cache
+        self.chosen: dict[str, tuple[int, int, str, list[int]]] = {}  # id -> (length, k, source, its hit)
 
     def propose(self, decodes: list[ScheduledSeq], confidences: bool, extra_items: list[ForwardItem],
                 features=None) -> Proposal:
         """extra_items: rows the draft cache needs that ask no logits (prefill catch-up), run in the first
         forward. features(seq) -> [rows, hidden]: an EAGLE draft's target features for the request's rows."""
         device, n = self.runner.device, len(decodes)
-        found = [[] for _ in range(n)]
+        found, sources = [[] for _ in range(n)], [None] * n
         drafting, items, feats = [], list(extra_items), []
         for i, s in enumerate(decodes):
             if not s.max_drafts:
                 continue
             seq = s.seq
-            if self.lookup is not None and (hit := self.lookup.hit(seq, s.max_drafts)):
-                found[i] = hit
+            source, hit = self.choose(seq, s.max_drafts)
+            if source != self.name:
+                found[i], sources[i] = hit[:s.max_drafts], source
                 continue
             if features is not None:
                 feats.append(features(seq))
@@ -142,12 +70,16 @@ class Drafter:
                                      seq.block_table, 1))
             drafting.append(i)
         proposal = lookup_proposal(found, confidences, device)
+        proposal.sources = sources
+        if confidences:
+            self._lookup_confidences(proposal, decodes, found, sources)
         k = max((s.max_drafts for s in decodes), default=0)
         if drafting:
             proposal.host_token_ids = None  # the model's drafts stay on the device
             proposal.token_ids = torch.cat([proposal.token_ids, proposal.token_ids.new_zeros(n, k - proposal.token_ids.shape[1])], 1)
             if proposal.confidences is not None:
-                proposal.confidences = torch.ones(n, k, device=device)
+                proposal.confidences = torch.cat([proposal.confidences, proposal.confidences.new_ones(
+                    n, k - proposal.confidences.shape[1])], 1)
         proposal.sampled = [i for i, s in enumerate(decodes) if s.max_drafts and not s.seq.params.greedy]
         if proposal.sampled:
             proposal.probs = self._one_hot_lookups(found, proposal.sampled, k)
@@ -181,20 +113,45 @@ class Drafter:
         return proposal
 
     def peek(self, seq, k: int) -> DraftOffer:
-        """Before planning: a lookup hit (free) where there is one, so the policy prices it as prompt lookup
-        and not as a model draft; the model otherwise, whose first forward also runs the positions its
-        cache has not seen (after steps without drafting: catch-up, priced by the policy)."""
-        if self.lookup is not None and (hit := self.lookup.hit(seq, k)):
-            return DraftOffer(NGRAM, len(hit), 0)
-        return DraftOffer(self.name, k, len(seq.token_ids) - self.computed.get(seq.request_id, 0))
+        """Before planning: the source `choose` picks, so the policy prices a lookup hit as free and the model
+        as its forwards, the first of which also runs the positions its cache has not seen (after steps
+        without drafting: catch-up, priced by the policy)."""
+        source, hit = self.choose(seq, k)
+        if source != self.name:
+            return DraftOffer(source, len(hit), 0)
+        return DraftOffer(self.name, k, self._first_rows(seq))
+
+    def choose(self, seq, k: int) -> tuple[str, list[int]]:
+        """(source, its draft) for the request this step: a lookup's hit (at most k tokens) or the model (its
+        name, no tokens yet), decided once per step (peek, then propose with k no larger)."""
+        memo = self.chosen.get(seq.request_id)
+        if memo is None or memo[0] != len(seq.token_ids) or memo[1] < k:
+            offers = [(p.name, len(hit), getattr(p, "confidences", _none)(seq, len(hit)), 0)
+                      for p in self.lookups for hit in (p.hit(seq, k),)]
+            offers.append((self.name, k, None, self._first_rows(seq)))
+            pick = self.choice.pick(seq.request_id, len(seq.token_ids), offers)
+            hit = self.lookups[pick].hit(seq, k) if pick < len(self.lookups) else []
+            memo = self.chosen[seq.request_id] = (len(seq.token_ids), k, offers[pick][0], hit)
+        return memo[2], memo[3]
+
+    def _first_rows(self, seq) -> int:
+        return len(seq.token_ids) - self.computed.get(seq.request_id, 0)
+
+    def _lookup_confidences(self, proposal: Proposal, decodes, found, sources) -> None:
+        """The suffix drafts' own confidences (the running share of the matches they follow); 1 elsewhere."""
+        for i, (hit, source) in enumerate(zip(found, sources)):
+            proposer = next((p for p in self.lookups if p.name == source), None)
+            if hit and hasattr(proposer, "confidences"):
+                proposal.confidences[i, :len(hit)] = torch.tensor(proposer.confidences(decodes[i].seq, len(hit)))
 
     def reset(self, request_id: str) -> None:
         self.computed.pop(request_id, None)
 
     def free(self, request_id: str) -> None:
         self.reset(request_id)
-        if self.lookup is not None:
-            self.lookup.free(request_id)
+        self.chosen.pop(request_id, None)
+        for lookup in self.lookups:
+            lookup.free(request_id)
 
     def _penalized(self, logits: torch.Tensor, drafting: list[int], decodes: list[ScheduledSeq],
                    drafts: torch.Tensor, step: int) -> torch.Tensor:
@@ -276,7 +233,7 @@ class DraftModelProposer:
 
     def __init__(self, drafter: Drafter):
         self.drafter = drafter
-        self.runner, self.lookup = drafter.runner, drafter.lookup
+        self.runner = drafter.runner
         self.peek, self.reset, self.free = drafter.peek, drafter.reset, drafter.free
 
     def propose(self, prefills: list[ScheduledSeq], decodes: list[ScheduledSeq], confidences=False) -> Proposal:
@@ -297,3 +254,7 @@ class DraftModelProposer:
         # The draft cache holds the fed tokens; only those that were committed stay valid.
         computed = self.drafter.computed
         computed[seq.request_id] = min(computed.get(seq.request_id, 0), len(seq.token_ids) - 1)
+
+
+def _none(seq, n: int) -> None:
+    return None  # a lookup without confidences of its own (prompt lookup)

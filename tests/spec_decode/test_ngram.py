@@ -4,7 +4,7 @@ import pytest
 
 from specserve.engine.sampling_params import SamplingParams
 from specserve.engine.sequence import Sequence
-from specserve.spec_decode.proposer import NgramProposer
+from specserve.spec_decode.lookup import NgramProposer
 
 CASES = [
     # (name, tokens, k, min_n, max_n, expected)

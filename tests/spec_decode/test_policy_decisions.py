@@ -33,8 +33,8 @@ def batch(n, tokens_left=100, slo=None, ids=None, prefill=0) -> BatchView:
 
 
 def policy(name, cost, accepted=None, **options):
-    models = SpeculationModels(K, lambda: cost)
-    models.profile()
+    models = SpeculationModels(K)
+    models.profile(lambda: cost)
     for _ in range(accepted[1] if accepted else 0):  # history of the draft: `accepted[0]` of 4 accepted each time
         models.acceptance.observe(DraftOutcome("old", "d", K, accepted[0], None))
     models.acceptance.forget("old")
@@ -219,8 +219,8 @@ def test_drafting_is_charged_the_sampling_of_its_verify_rows():
     step samples 2 rows, a step drafting 3 tokens each 8 rows; the 6 ms those add are drafting's cost too."""
     cost = cost_model(lambda n: 0.002 + 0.001 * n, lambda r: 0.0005)  # this test's own: its observe is replaced
     cost.observe = lambda rows, kv, forward, drafts, draft_s: float(cost.verify_time(rows, 0)[0])  # learns nothing
-    models = SpeculationModels(K, lambda: cost)
-    models.profile()
+    models = SpeculationModels(K)
+    models.profile(lambda: cost)
     view = batch(2)
 
     def step(drafted):

@@ -7,6 +7,7 @@ import pytest
 
 from specserve import LLM, SamplingParams
 from tests.spec_decode.policy_fixtures import BUILT_IN, cheap_drafts
+from tests.spec_decode.test_speculative_engine import spec_config
 
 SEEDED = [SamplingParams(max_tokens=24, temperature=1.0, seed=1234, ignore_eos=True),
           SamplingParams(max_tokens=24, temperature=0.7, top_p=0.9, seed=-5, ignore_eos=True)]
@@ -58,14 +59,10 @@ def test_seeded_output_is_the_same_under_every_policy_and_load(tiny_target, tiny
     assert (drafted > 0) == (policy != "off")  # the seeded requests themselves drafted
 
 
-@pytest.mark.parametrize("method", ["ngram", "draft_model", "eagle", "eagle+ngram"])
+@pytest.mark.parametrize("method", ["ngram", "suffix", "draft_model", "eagle", "eagle+ngram+suffix"])
 @pytest.mark.parametrize("k", [1, 3, 6])
-def test_seeded_output_is_the_same_for_every_proposer_and_draft_length(tiny_target, tiny_draft, tiny_eagle,
-                                                                        reference, method, k):
-    base = method.removesuffix("+ngram")
-    spec = ({"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 1} if base == "ngram" else
-            {"method": base, "model": str(tiny_eagle if base == "eagle" else tiny_draft),
-             "num_speculative_tokens": k, "ngram_first": method.endswith("+ngram")})
+def test_seeded_output_is_the_same_for_every_proposer_and_draft_length(tiny_target, request, reference, method, k):
+    spec = spec_config(method, request, k)
     llm = LLM(model=str(tiny_target), dtype="float32", speculative_config=spec, max_num_seqs=8)
     outs = llm.generate(PROMPTS, SEEDED)
     assert [o.token_ids for o in outs] == reference

@@ -29,32 +29,40 @@ def baseline(tiny_target):
 
 
 def spec_config(method: str, request, k: int) -> dict:
-    """method: ngram, draft_model or eagle, the last two optionally "+ngram" (prompt lookup first)."""
+    """method: ngram, suffix, draft_model or eagle, the last two optionally with "+ngram" (prompt lookup) and/or
+    "+suffix" (suffix decoding) where they find a match."""
     if method == "ngram":
         return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 1}
-    base = method.removesuffix("+ngram")
+    if method == "suffix":
+        return {"method": "suffix", "num_speculative_tokens": k}
+    base, *free = method.split("+")
     draft = request.getfixturevalue("tiny_eagle" if base == "eagle" else "tiny_draft")
-    return {"method": base, "model": str(draft), "num_speculative_tokens": k, "ngram_first": method.endswith("+ngram")}
+    return {"method": base, "model": str(draft), "num_speculative_tokens": k, "ngram_first": "ngram" in free,
+            "suffix_first": "suffix" in free}
 
 
-METHODS = ["draft_model", "ngram", "draft_model+ngram", "eagle", "eagle+ngram"]
+METHODS = ["draft_model", "ngram", "suffix", "draft_model+ngram", "eagle", "eagle+ngram", "eagle+ngram+suffix"]
 
 
 def count_proposal_sources(proposer) -> dict:
-    """Counts the lookup's matches and the draft model's forwards of an ngram_first proposer."""
+    """Counts the lookups' matches and the draft model's forwards of a proposer with lookups first."""
     used = {"lookup": 0, "draft_model": 0}
-    lookup, forward = proposer.lookup.lookup, proposer.runner.forward
+    forward = proposer.runner.forward
 
-    def counted_lookup(*args):
-        found = lookup(*args)
-        used["lookup"] += bool(found)
-        return found
+    def counted(lookup):
+        def counted_lookup(*args):
+            found = lookup(*args)
+            used["lookup"] += bool(found[0] if isinstance(found, tuple) else found)
+            return found
+        return counted_lookup
 
     def counted_forward(items, *args, **kwargs):
         used["draft_model"] += any(it.num_logits for it in items)
         return forward(items, *args, **kwargs)
 
-    proposer.lookup.lookup, proposer.runner.forward = counted_lookup, counted_forward
+    for lookup in proposer.drafter.lookups:
+        lookup.lookup = counted(lookup.lookup)
+    proposer.runner.forward = counted_forward
     return used
 
 
@@ -65,10 +73,10 @@ def test_greedy_sd_is_token_identical_for_k_1_to_8_and_batch_1_to_32(tiny_target
     for k, max_num_seqs in zip(range(1, 9), [1, 2, 3, 5, 8, 13, 21, 32]):
         spec = spec_config(method, request, k)
         llm = LLM(model=str(tiny_target), dtype="float32", max_num_seqs=max_num_seqs, speculative_config=spec)
-        if method.endswith("+ngram"):
+        if "+" in method:
             used = count_proposal_sources(llm.engine.proposer)
         outs = llm.generate(ps, GREEDY)
-        if method.endswith("+ngram"):
+        if "+" in method:
             assert used["lookup"] > 0 and used["draft_model"] > 0, used  # both sources really proposed
         assert [o.token_ids for o in outs] == want, f"k={k}"
         total_accepted += sum(o.spec["num_accepted_tokens"] for o in outs)
