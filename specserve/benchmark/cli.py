@@ -69,15 +69,16 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=0)
     g = p.add_argument_group("prompts")
     g.add_argument("--dataset", default="spec-bench",
-                   help="spec-bench, mt-bench, sharegpt, sharegpt-500, python-stdlib (code), random, "
-                        "or a .jsonl/.json file")
+                   help="spec-bench, mt-bench, sharegpt, sharegpt-500, python-stdlib (code), code-edit "
+                        "(with --turns: multi-turn code editing sessions), random, or a .jsonl/.json file")
     g.add_argument("--input-len", type=int, help="prompt tokens per request (overrides trace lengths)")
     g.add_argument("--output-len", type=int, help="output tokens per request (default: trace, else 128)")
     g.add_argument("--tokenizer", help="tokenizer.json or model folder, for prompts of exact token length")
     g.add_argument("--max-model-len", type=int, help="clip prompt+output to this (default: from /v1/models)")
     g.add_argument("--turns", type=int,
-                   help="multi-turn conversations of this many turns (MT-Bench; chat endpoint): each turn sends "
-                        "the history, the model's own replies included; arrivals start conversations")
+                   help="multi-turn conversations of this many turns (MT-Bench, or code-edit sessions with "
+                        "--dataset code-edit; chat endpoint): each turn sends the history, the model's own "
+                        "replies included; arrivals start conversations")
     g.add_argument("--think-time", type=float, default=0.0, metavar="SECONDS",
                    help="with --turns: pause between a reply's end and the next turn (default: 0)")
     g = p.add_argument_group("requests and run")

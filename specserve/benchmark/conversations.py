@@ -1,4 +1,5 @@
-"""Multi-turn conversations (`specserve bench --turns N`): what prefix caching is for.
+"""Multi-turn conversations (`specserve bench --turns N`): what prefix caching is for. With `--dataset
+code-edit`, multi-turn code editing instead (benchmark/code_edit.py).
 
 Each conversation opens with an MT-Bench question and its follow-up (the data set's two turns), then asks
 further MT-Bench first turns of the same category (the shipped ShareGPT files hold first turns only). Every
@@ -14,13 +15,17 @@ import json
 
 import numpy as np
 
+from specserve.benchmark import code_edit
 from specserve.benchmark.client import RequestResult, StreamingClient, monotonic_clock
 from specserve.benchmark.arrivals import DATA_DIR
 from specserve.benchmark.prompts import DATASETS
 
 
-def build_conversations(n: int, turns: int, seed: int = 0) -> list[list[str]]:
-    """n conversations of `turns` user messages each, from MT-Bench (seeded)."""
+def build_conversations(n: int, turns: int, seed: int = 0, dataset: str = "mt-bench") -> list[list[str]]:
+    """n conversations of `turns` user messages each, from MT-Bench, or with dataset "code-edit" sessions of
+    edits to one function each (benchmark/code_edit.py) (seeded)."""
+    if dataset == code_edit.DATASET:
+        return code_edit.build_sessions(n, turns, seed)
     text = (DATA_DIR / DATASETS["mt-bench"]).read_text()
     rows = [json.loads(line) for line in text.splitlines() if line.strip()]
     rng = np.random.default_rng([seed, 4])

@@ -14,6 +14,7 @@ from typing import Protocol
 
 import numpy as np
 
+from specserve.benchmark import code_edit
 from specserve.benchmark.arrivals import DATA_DIR
 from specserve.errors import SpecServeError
 
@@ -111,7 +112,10 @@ def _stdlib_prefixes() -> list[str]:
 
 
 def load_dataset(name: str) -> list[str]:
-    """Prompt texts of a shipped data set (by name), the Python stdlib, or a .jsonl/.json file."""
+    """Prompt texts of a shipped data set (by name), the Python stdlib, the code-edit sessions' first turns,
+    or a .jsonl/.json file."""
+    if name == code_edit.DATASET:
+        return [session[0] for session in code_edit.build_sessions(200, 1)]
     if name == STDLIB:
         texts = _stdlib_prefixes()
         if not texts:
@@ -122,7 +126,7 @@ def load_dataset(name: str) -> list[str]:
     else:
         path = Path(name).expanduser()
         if not path.is_file():
-            raise SpecServeError(f"dataset {name!r}: not one of {', '.join([*DATASETS, STDLIB, RANDOM])} "
+            raise SpecServeError(f"dataset {name!r}: not one of {', '.join([*DATASETS, STDLIB, 'code-edit', RANDOM])} "
                                  "and not a file")
     text = path.read_text(encoding="utf-8")
     try:

@@ -174,7 +174,7 @@ async def run_once(target: Target, spec: WorkloadSpec, opts: RunOptions,
         before = await server_metrics.scrape(http, target.base_url)
         started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
         if spec.turns:
-            conversations = build_conversations(len(workload.arrival_s), spec.turns, spec.seed)
+            conversations = build_conversations(len(workload.arrival_s), spec.turns, spec.seed, spec.dataset)
             with _Progress(opts.progress, len(conversations) * spec.turns, target.label) as progress:
                 results = await execute_conversations(client, conversations, workload.arrival_s,
                                                       workload.prompts[0].max_tokens, spec.think_time_s, progress)
