@@ -8,7 +8,7 @@ import time
 import torch
 
 from specserve.batch import ForwardItem
-from specserve.model import gpu_attention
+from specserve.model import cpu_draft, gpu_attention
 from specserve.model.attention import AttentionMetadata, allocate_kv_cache
 from specserve.model.kernels import short_attention_supported
 from specserve.model.llama import LlamaModel
@@ -59,6 +59,28 @@ class ModelRunner:
                 self.graphs.capture_all(max_num_seqs)
             log.info("CUDA graphs: %d captured in %.1f s (--enforce-eager: none)", len(self.graphs.graphs),
                      time.perf_counter() - t0)
+
+    @torch.inference_mode()
+    def draft_chain(self, items: list[ForwardItem], features: torch.Tensor | None, steps: list[int],
+                    vocab_map: torch.Tensor | None) -> torch.Tensor | None:
+        """A draft model's greedy chain in one call (model/cpu_draft.py): items' rows as in `forward` (host
+        tokens only), item i then drafting steps[i] tokens from the argmax at its last row. Returns [items,
+        max(steps)] target ids (-1 past steps[i]), or None where the chain cannot run (then use `forward`)."""
+        chain = cpu_draft.chain_for(self.model, self.kv_cache, self.block_size, vocab_map)
+        if chain is None or any(it.num_device_tokens for it in items):
+            return None
+        meta = AttentionMetadata.build([it.num_tokens for it in items], [it.ctx_len for it in items],
+                                       [it.block_table for it in items], self.block_size, self.device,
+                                       self.config.sliding_window, self.short_kernel)
+        if meta.short is None or meta.short.num_tokens != sum(it.num_tokens for it in items):
+            return None
+        ids = torch.tensor([t for it in items for t in it.token_ids], dtype=torch.long)
+        last, end = [], 0
+        for it in items:
+            end += it.num_tokens
+            last.append(end - 1)
+        return cpu_draft.run_chain(chain, self.dtype, ids, features, meta, last, [it.block_table for it in items],
+                                   steps)
 
     @torch.inference_mode()
     def forward(self, items: list[ForwardItem], features: torch.Tensor | None = None,

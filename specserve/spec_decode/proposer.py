@@ -83,6 +83,8 @@ class Drafter:
         proposal.sampled = [i for i, s in enumerate(decodes) if s.max_drafts and not s.seq.params.greedy]
         if proposal.sampled:
             proposal.probs = self._one_hot_lookups(found, proposal.sampled, k)
+        if drafting and not confidences and self._chain(decodes, drafting, items, feats, proposal):
+            return proposal
         step, device_ids = 0, None
         guide = DraftGuide(decodes) if any(decodes[i].seq.grammar is not None for i in drafting) else None
         while items:
@@ -111,6 +113,33 @@ class Drafter:
         if guide is not None:
             guide.finish()
         return proposal
+
+    def _chain(self, decodes: list[ScheduledSeq], drafting: list[int], items: list[ForwardItem], feats: list,
+               proposal: Proposal) -> bool:
+        """Every draft step in one native call (model/cpu_draft.py) where the drafting requests are greedy with
+        nothing to shape their drafts (no grammar, no penalties): the same tokens as the step-by-step loop.
+        Fills the proposal; False where the chain cannot run (the loop then drafts)."""
+        if any(decodes[i].seq.params.penalized or decodes[i].seq.grammar is not None or not decodes[i].seq.params.greedy
+               for i in drafting):
+            return False
+        extra = len(items) - len(drafting)  # a standalone draft's prefill catch-up rows come first
+        steps = [0] * extra + [decodes[i].max_drafts for i in drafting]
+        out = self.runner.draft_chain(items, torch.cat(feats) if feats else None, steps, self.vocab_map)
+        if out is None:
+            return False
+        proposal.token_ids[torch.tensor(drafting, dtype=torch.long), :out.shape[1]] = out[extra:].clamp_min(0).to(
+            proposal.token_ids.device)
+        proposal.draft_forwards.append((self.name, sum(it.num_tokens for it in items), sum(it.ctx_len for it in items)))
+        for step in range(1, out.shape[1]):
+            going = [i for i in drafting if decodes[i].max_drafts > step]
+            if going:
+                proposal.draft_forwards.append((self.name, len(going),
+                                                sum(len(decodes[i].seq.token_ids) + step for i in going)))
+        for i in drafting:
+            seq, n = decodes[i].seq, decodes[i].max_drafts
+            self.computed[seq.request_id] = len(seq.token_ids) + n - 1
+            proposal.lengths[i], proposal.sources[i] = n, self.name
+        return True
 
     def peek(self, seq, k: int) -> DraftOffer:
         """Before planning: the source `choose` picks, so the policy prices a lookup hit as free and the model

@@ -60,9 +60,16 @@ def count_proposal_sources(proposer) -> dict:
         used["draft_model"] += any(it.num_logits for it in items)
         return forward(items, *args, **kwargs)
 
+    def counted_chain(items, features, steps, vocab_map):
+        drafted = chain(items, features, steps, vocab_map)
+        used["draft_model"] += drafted is not None and any(steps)
+        used["chain"] = used.get("chain", 0) + (drafted is not None)
+        return drafted
+
     for lookup in proposer.drafter.lookups:
         lookup.lookup = counted(lookup.lookup)
-    proposer.runner.forward = counted_forward
+    chain = proposer.runner.draft_chain
+    proposer.runner.forward, proposer.runner.draft_chain = counted_forward, counted_chain
     return used
 
 

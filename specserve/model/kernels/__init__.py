@@ -2,7 +2,8 @@
 
 Kernels: attention of short queries over the paged KV cache and the cache writes (`paged_attention.c`),
 RMSNorm (`rms_norm.c`), rotary embedding (`rope.c`), the greedy argmax of logit rows (`argmax.c`),
-linear layers on float32, bf16 and GGUF-quantized weights (`linear.c`), and all of a step's decoder layers in one call (`decoder.c`). They are optimisations only:
+linear layers on float32, bf16 and GGUF-quantized weights (`linear.c`), all of a step's decoder layers in one call
+(`decoder.c`), and a draft model's whole chain of greedy draft steps in one call (`draft_chain.c`). They are optimisations only:
 without a compiler, on other devices or dtypes, with autograd recording, or with
 SPECSERVE_CPU_KERNELS=0, torch ops run instead (`model/attention.py`'s gather path, F.rms_norm,
 `rope.apply_rope`'s ops, torch.argmax, F.linear on dequantized weights; same results up to float
@@ -133,6 +134,11 @@ PROTOTYPES = (
         inter=c_int32, cos=c_void_p, sin=c_void_p, cs_stride=c_int64, kv_base=c_void_p, cache_bytes=c_int64,
         slots=c_void_p, block_size=c_int32, seqs=c_void_p, num_seqs=c_int32, tables=c_void_p,
         table_stride=c_int32, window=c_int32, threads=c_int32), per_dtype=True),
+    Prototype("draft_chain", c_int, dict(
+        m=c_void_p, rows=c_int32, ids=c_void_p, feats=c_void_p, positions=c_void_p, slots=c_void_p,
+        num_pieces=c_int32, pieces=c_void_p, piece_tables=c_void_p, piece_stride=c_int32, num_seqs=c_int32,
+        last_rows=c_void_p, tables=c_void_p, table_stride=c_int32, steps=c_void_p, max_steps=c_int32,
+        out=c_void_p, threads=c_int32), per_dtype=True),
     Prototype("kv_write", None, dict(
         k=c_void_p, k_stride=c_int64, v=c_void_p, v_stride=c_int64, kc=c_void_p, vc=c_void_p, slots=c_void_p,
         tokens=c_int32, Hkv=c_int32, D=c_int32, block_size=c_int32, elem_size=c_int32)),

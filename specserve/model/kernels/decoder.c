@@ -12,22 +12,7 @@
 #include <stdint.h>
 
 #include "bf16.h"
-
-typedef struct LinearArgs { /* one KernelLinear: the leading arguments of linear_* */
-    const uint8_t *w;
-    int64_t row_bytes;
-    const float *bias;
-    int32_t fmt, n, k, kp;
-    const struct LinearArgs *next; /* the next outputs' rows in another format (a stacked projection), or NULL */
-} LinearArgs;
-
-typedef struct {
-    const void *norm1, *norm2;
-    float eps1, eps2, scale;
-    LinearArgs qkv, o, gate_up, down;
-} LayerArgs;
-
-enum { MODE_STORE = 0, MODE_ADD = 1, MODE_SWIGLU = 2 };
+#include "decoder.h"
 
 void kv_write(const uint8_t *k, int64_t k_stride, const uint8_t *v, int64_t v_stride, uint8_t *kc, uint8_t *vc,
               const int64_t *slots, int32_t tokens, int32_t Hkv, int32_t D, int32_t block_size, int32_t elem_size);
