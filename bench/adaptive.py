@@ -3,8 +3,10 @@ Azure conversation trace's arrivals (each run's window of it stretched to the le
 levels from 20 % to 90 % of plain decoding's saturation rate, on code (python-stdlib prefixes, the code
 draft), chat (Spec-Bench, the chat draft), or `mix`: both streams at once in one engine, each with its own
 window of the trace at half the level's rate, the server's default speculation (lookup first, the draft
-that fits each prompt), mean E2E per stream and overall. `none` is plain decoding on an engine without
-speculation (no draft loaded): the floor the default must not go below (`off` keeps the drafts loaded).
+that fits each prompt), mean E2E per stream and overall; or `code-edit`: multi-turn code-editing sessions
+(benchmark/code_edit.py, 3 turns, the trace's arrivals start them, each later turn follows its reply). `none`
+is plain decoding on an engine without speculation (no draft loaded): the floor the default must not go
+below (`off` keeps the drafts loaded).
 
     python bench/adaptive.py --workloads mix --policies none,off,static2,static4,adaptive \
         --levels 0.2,0.5,0.8,1.1 --requests 12 --repeats 2   # the mixed bursty evaluation, ~20 min here
@@ -61,7 +63,9 @@ WORKLOADS = {  # dataset, draft, prompt tokens, output tokens (at most: EOS ends
     "code": ("python-stdlib", "code", 256, 64),
     "chat": ("spec-bench", "chat", None, 96),
     "mix": (None, "default", None, None),  # code and chat streams at once
+    "code-edit": ("code-edit", "default", None, 256),  # sessions of EDIT_TURNS turns (benchmark/code_edit.py)
 }
+EDIT_TURNS = 3  # a code-edit session's turns: each sent when the previous reply has ended
 STREAMS = ("code", "chat")
 LEVELS = [0.2, 0.35, 0.5, 0.65, 0.8, 0.9]
 # What fits the issue's hour on a 2-core CPU (~60 min): the full grid (every policy, T = 0.7 too) is a flag away
@@ -74,6 +78,7 @@ def build_engine(workload: str, threads: int, plain: bool = False, draft_quantiz
     from specserve import LLM
     dataset, draft, _, _ = WORKLOADS[workload]
     spec = None if plain else {"model": draft, "num_speculative_tokens": CEILING, "ngram_first": True,
+                               "suffix_first": True, "suffix_decoding_max_spec_factor": 4,
                                "quantization": draft_quantization}
     llm = LLM(model="smollm2-135m", num_threads=threads, max_num_seqs=64, max_num_batched_tokens=512,
               speculative_config=spec)
@@ -124,21 +129,13 @@ def prompts_and_arrivals(llm, workload: str, rate: float | None, n: int, seed: i
 
 
 def _stream(llm, workload: str, rate: float | None, n: int, seed: int, offset: int = 0):
-    from specserve.benchmark import arrivals as arr
+    from specserve.benchmark.code_edit import build_sessions
     from specserve.benchmark.prompts import HFTokenizer, load_dataset
     from specserve.benchmark.workload import WorkloadSpec, make_workload
     dataset, _, input_len, output_len = WORKLOADS[workload]
-    trace = arr.load_trace("azure-conv")
-    # another stretch of the trace in each repeat, and another (half the trace on) for a second stream
-    span = float(trace.times_s[-1] - trace.times_s[0])
-    start = float(trace.times_s[0]) + (60.0 * (seed % 50) + span / 2 * offset) % (span - 300.0)
-    times = arr.window(trace, start, max_requests=n).times_s
-    if rate is None:
-        times = np.zeros(n)
-    else:  # the window's own gaps (its burstiness), stretched so that it arrives at `rate` on average: a
-        # short window of a bursty trace can otherwise run at a fraction or a multiple of the level's rate
-        times = times - times[0]
-        times = times * ((n - 1) / rate) / times[-1] if times[-1] > 0 else np.arange(n) / rate
+    times = _arrivals(rate, n, seed, offset)
+    if workload == "code-edit":  # sessions: the arrivals start them (replay sends the later turns)
+        return build_sessions(n, EDIT_TURNS, seed), times, [workload] * n
     if input_len is None:
         questions = load_dataset(dataset)
         picks = np.random.default_rng(seed).integers(0, len(questions), n)
@@ -150,21 +147,43 @@ def _stream(llm, workload: str, rate: float | None, n: int, seed: int, offset: i
     return [p.text for p in w.prompts], times, [workload] * n
 
 
+def _arrivals(rate: float | None, n: int, seed: int, offset: int) -> np.ndarray:
+    """n arrival times from the Azure conversation trace, stretched to `rate` (None: all at once)."""
+    from specserve.benchmark import arrivals as arr
+    trace = arr.load_trace("azure-conv")
+    # another stretch of the trace in each repeat, and another (half the trace on) for a second stream
+    span = float(trace.times_s[-1] - trace.times_s[0])
+    start = float(trace.times_s[0]) + (60.0 * (seed % 50) + span / 2 * offset) % (span - 300.0)
+    times = arr.window(trace, start, max_requests=n).times_s
+    if rate is None:
+        times = np.zeros(n)
+    else:  # the window's own gaps (its burstiness), stretched so that it arrives at `rate` on average: a
+        # short window of a bursty trace can otherwise run at a fraction or a multiple of the level's rate
+        times = times - times[0]
+        times = times * ((n - 1) / rate) / times[-1] if times[-1] > 0 else np.arange(n) / rate
+    return times
+
+
 def replay(llm, texts, times, params, streams, on_step=None) -> dict:
     """Submit each prompt at its arrival time (real time) and step the engine; latencies, overall and per
     stream (`mean_e2e_code`, ... when the run mixes streams). on_step(stats, outputs): called after every
-    step with the engine's StepStats and the step's outputs (bench/adaptive_steps.py sums them)."""
+    step with the engine's StepStats and the step's outputs (bench/adaptive_steps.py sums them). A text that
+    is a list of messages is a session: its first turn arrives at its time, each later one (the history and
+    the model's reply in the chat template) as soon as the previous turn has ended; every turn is a request."""
     engine = llm.engine
     # Every run replays prompts that earlier runs (other policies, other levels) sent too: it starts with an
     # empty prefix cache, so that only its own requests share prefixes (the chat template's system prompt).
     engine.reset_prefix_cache()
-    start, i, n, done = time.monotonic(), 0, len(texts), {}
+    sessions = {str(j): [{"role": "user", "content": t[0]}] for j, t in enumerate(texts) if isinstance(t[0], str)}
+    start, i, done = time.monotonic(), 0, {}
+    n = sum(len(t) if isinstance(t[0], str) else 1 for t in texts)  # requests: every turn of a session
     lengths, steps, predicted, measured, busy = [], 0, [], [], 0.0
     prefill_s = prefill_tokens = 0.0  # prefill-only steps: the same work under every policy, so a speed gauge
     while len(done) < n:
         now = time.monotonic() - start
-        while i < n and times[i] <= now:
-            engine.add_request(texts[i], params[i], request_id=str(i), arrival_time=start + times[i])
+        while i < len(texts) and times[i] <= now:
+            prompt = llm.tokenizer.encode_chat(sessions[str(i)]) if str(i) in sessions else texts[i]
+            engine.add_request(prompt, params[i], request_id=str(i), arrival_time=start + times[i])
             i += 1
         if not engine.has_unfinished():
             time.sleep(max(0.0, min(times[i] - now, 0.05)))
@@ -175,6 +194,13 @@ def replay(llm, texts, times, params, streams, on_step=None) -> dict:
         for out in outs:
             if out.finished:
                 done[out.request_id] = out
+                session, _, turn = out.request_id.partition(".")
+                history = sessions.get(session)
+                if history is not None and (t := int(turn or 0) + 1) < len(texts[int(session)]):
+                    history += [{"role": "assistant", "content": out.text},
+                                {"role": "user", "content": texts[int(session)][t]}]
+                    engine.add_request(llm.tokenizer.encode_chat(history), params[int(session)],
+                                       request_id=f"{session}.{t}", arrival_time=time.monotonic())
         s = engine.last_stats
         if on_step is not None:
             on_step(s, outs)
@@ -190,7 +216,7 @@ def replay(llm, texts, times, params, streams, on_step=None) -> dict:
     for rid, out in done.items():
         m = out.metrics
         e2e.append(m["finished_time"] - m["arrival_time"])
-        by_stream.setdefault(streams[int(rid)], []).append(e2e[-1])
+        by_stream.setdefault(streams[int(rid.partition(".")[0])], []).append(e2e[-1])
         ttft.append(m["first_token_time"] - m["arrival_time"])
         if out.num_output_tokens > 1:
             tpot.append((m["finished_time"] - m["first_token_time"]) / (out.num_output_tokens - 1))
