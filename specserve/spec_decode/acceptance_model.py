@@ -68,6 +68,7 @@ class AcceptanceModel:
         self.position_counts: dict[str, np.ndarray] = {}  # draft -> [2, K] accepted, tested per position
         self.requests: dict[str, dict[str, list[float]]] = {}  # request id -> draft -> [accepted, tested]
         self.recent: deque[tuple[float, bool]] = deque(maxlen=WINDOW)
+        self.version = 0  # counts observations: predictions made at one version stay valid until the next
 
     # ---- predictions -------------------------------------------------------------------------------
     def position_acceptance(self, draft: str | None) -> np.ndarray:
@@ -129,6 +130,7 @@ class AcceptanceModel:
         """What the target did with one request's draft."""
         if not outcome.num_drafted:
             return
+        self.version += 1
         draft = outcome.draft or ""
         if outcome.confidences is None:  # what a plan predicted for these positions, before the outcome
             predicted = self.predict(outcome.request_id, draft)

@@ -19,24 +19,39 @@ import numpy as np
 
 from specserve.spec_decode.config import FREE
 
+MAX_ROWS = 64          # verify rows priced (a request's 1 + draft length; beyond: as 64)
+MAX_DRAFT_ROWS = 512   # a first draft forward's rows priced (its catch-up; beyond: as 512)
+CONTEXT_BUCKET = 256   # step times are read at the middle of the request's bucket of context
+
 
 class DraftChoice:
     def __init__(self, models=None):
         """models: the engine's SpeculationModels (acceptance, step cost); None: the first free hit wins."""
         self.models = models
+        self._cache: dict = {}  # per acceptance version: each source's position acceptance, step times
+        self._version = None
 
     def expected(self, request_id: str, source: str, length: int, confidences=None) -> float:
         """E: the tokens a draft of `length` from `source` is predicted to get accepted."""
-        if length <= 0:
-            return 0.0
-        a = self.models.acceptance.predict(request_id, source, confidences)[:length]
-        return float(np.cumprod(a).sum())
+        acceptance = self.models.acceptance
+        if confidences:
+            a = acceptance.predict(request_id, source, confidences)[:length].tolist()
+        else:  # the position's measured acceptance, scaled by the request's own history (no numpy per request)
+            positions, base = self._cached(("positions", source), lambda: (
+                acceptance.position_acceptance(source).tolist(), acceptance.global_acceptance(source)))
+            factor = acceptance.request_factor(request_id, source, base)
+            a = [min(max(x * factor, 0.0), 0.99) for x in positions[:length]]
+        e, survive = 0.0, 1.0
+        for x in a:
+            survive *= x
+            e += survive
+        return e
 
     def pick(self, request_id: str, context_len: int, offers: list[tuple[str, int, list[float] | None, int]]) -> int:
         """The index of the winning offer: (source, length, confidences or None, rows of its first draft
         forward) each, free sources first in their configured order and a model draft, if any, last (length:
         the ceiling; rows: 1 plus the catch-up of its cache)."""
-        if self.models is None:
+        if self.models is None or sum(1 for o in offers if o[1]) < 2:
             return next((i for i, (_, length, _, _) in enumerate(offers) if length), len(offers) - 1)
         best, best_rate = len(offers) - 1, -1.0
         cost = self.models.cost if self.models.has_cost else None
@@ -47,12 +62,33 @@ class DraftChoice:
             if cost is None:
                 rate = e + (1e-9 if source in FREE else 0.0)  # ties: the free draft
             else:
-                seconds = float(cost.verify_time(1 + length, context_len + length)[0])
+                seconds = self._verify(cost, context_len)[min(1 + length, MAX_ROWS)]
                 if source not in FREE:  # the first draft step runs `rows` rows, later ones one each
-                    steps = np.ones(length)
-                    steps[0] = rows
-                    seconds += float(cost.draft_time(source, steps, steps * context_len).sum())
+                    first, later = self._draft(cost, source, context_len, rows)
+                    seconds += first + (length - 1) * later
                 rate = (1 + e) / seconds
             if rate > best_rate:
                 best, best_rate = i, rate
         return best
+
+    def _cached(self, key, make):
+        """make() once per version of what the engine has learned (every step's outcomes change it)."""
+        version = (self.models.acceptance.version, self.models.cost.observed if self.models.has_cost else None)
+        if version != self._version:
+            self._cache, self._version = {}, version
+        if key not in self._cache:
+            self._cache[key] = make()
+        return self._cache[key]
+
+    def _verify(self, cost, context_len: int) -> list[float]:
+        """Target forward seconds by rows 0..MAX_ROWS at about this context (a bucket of CONTEXT_BUCKET)."""
+        bucket = context_len // CONTEXT_BUCKET * CONTEXT_BUCKET + CONTEXT_BUCKET // 2
+        rows = np.arange(MAX_ROWS + 1)
+        return self._cached(("verify", bucket), lambda: cost.verify_curve(rows, bucket + rows).tolist())
+
+    def _draft(self, cost, source: str, context_len: int, rows: int) -> tuple[float, float]:
+        """(seconds of the first draft forward of `rows` rows, of each later one-row forward)."""
+        bucket = context_len // CONTEXT_BUCKET * CONTEXT_BUCKET + CONTEXT_BUCKET // 2
+        grid = self._cached(("draft", source, bucket), lambda: cost.draft_time(
+            source, np.arange(MAX_DRAFT_ROWS + 1), np.arange(MAX_DRAFT_ROWS + 1) * bucket).tolist())
+        return grid[min(rows, MAX_DRAFT_ROWS)], grid[1]
