@@ -69,8 +69,9 @@ def test_greedy_speculation_under_penalties_is_token_identical(tiny_target, requ
     llm = LLM(model=str(tiny_target), dtype="float32", speculative_config=spec_config(method, request, 4))
     outs = llm.generate(ps, SamplingParams(max_tokens=20, temperature=0, ignore_eos=True, **PENALTIES))
     assert [o.token_ids for o in outs] == want
-    # drafts were verified under the penalties (prompt lookup proposes repeats, which they reject: few pass)
-    assert sum(o.spec["num_draft_tokens"] for o in outs) > 20
+    # drafts were verified under the penalties (prompt lookup proposes repeats, which they reject: few pass;
+    # suffix decoding drafts only as far as its match is long and unanimous: fewer)
+    assert sum(o.spec["num_draft_tokens"] for o in outs) > (5 if method == "suffix" else 20)
 
 
 def test_penalties_are_checked():
