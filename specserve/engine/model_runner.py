@@ -72,7 +72,7 @@ class ModelRunner:
             return self.graphs.forward(items, all_hidden, device_ids)
         meta = AttentionMetadata.build([it.num_tokens for it in items], [it.ctx_len for it in items],
                                        [it.block_table for it in items], self.block_size, self.device,
-                                       self.config.sliding_window, self.short_kernel)
+                                       self.short_kernel)
         ids = torch.tensor([t for it in items for t in it.token_ids + [0] * it.num_device_tokens],
                            dtype=torch.long, device=self.device)
         if device_ids is not None and len(device_ids):
