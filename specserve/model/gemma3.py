@@ -48,9 +48,17 @@ def _from_gguf(g, arch: str) -> dict:
         hidden_act="gelu_pytorch_tanh",
         layer_types=types,
         rope_local_base_freq=float(g.get(f"{arch}.rope.freq_base_swa", 10_000.0)),
-        # as llama.cpp: hidden / heads for the 27B (62 layers), head_dim for the others
-        query_pre_attn_scalar=hidden // heads if layers == 62 else head_dim,
+        query_pre_attn_scalar=_query_pre_attn_scalar(g, arch, layers, hidden // heads, head_dim),
         sliding_window=g.require(f"{arch}.attention.sliding_window"))
+
+
+def _query_pre_attn_scalar(g, arch: str, layers: int, width: int, head_dim: int) -> float:
+    """From the file's attention scale where it has one, else as llama.cpp derives it: hidden / heads for the
+    27B (62 layers), head_dim for the others."""
+    scale = g.get(f"{arch}.attention.scale")
+    if scale:
+        return scale ** -2
+    return width if layers == 62 else head_dim
 
 
 FAMILY = Family("Gemma3ForCausalLM", "gemma3_text", gguf_arch="gemma3", qk_norm=True, sandwich_norms=True,

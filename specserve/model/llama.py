@@ -183,6 +183,8 @@ class LlamaModel(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [N, hidden] -> float32 logits [N, vocab] (or [N, draft_vocab_size] for a reduced head),
         soft-capped where the config says (Gemma: cap * tanh(logits / cap))."""
-        logits = self.lm_head(hidden)
+        return self.softcap(self.lm_head(hidden)).float()
+
+    def softcap(self, logits: torch.Tensor) -> torch.Tensor:
         cap = self.config.final_logit_softcapping
-        return (logits if cap is None else torch.tanh(logits / cap) * cap).float()
+        return logits if cap is None else torch.tanh(logits / cap) * cap
