@@ -39,7 +39,8 @@ def build_model(args):
     from specserve.model.mlp import set_experts
     from specserve.model.quantize import quantize_model
     config = ModelConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.moe_intermediate,
-                         num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
+                         num_hidden_layers=args.layers, num_attention_heads=args.heads,
+                         num_key_value_heads=args.kv_heads,
                          head_dim=args.head_dim, rms_norm_eps=1e-6, rope_theta=1e6, max_position_embeddings=4096,
                          architecture="Qwen3MoeForCausalLM", num_experts=args.experts,
                          num_experts_per_tok=args.active, moe_intermediate_size=args.moe_intermediate,
@@ -127,7 +128,8 @@ def main(argv: list[str] | None = None) -> dict:
     for table in tables:  # each request's cached context
         runner.forward([ForwardItem(torch.randint(0, args.vocab, (args.context,), generator=gen).tolist(),
                                     args.context, table, 1)])
-    bandwidth = read_bandwidth(max(args.bandwidth_mb << 20, dense_bytes + len(expert_bytes) * expert_bytes[0] * len(moes)))
+    model_bytes = dense_bytes + sum(expert_bytes) * len(moes)
+    bandwidth = read_bandwidth(max(args.bandwidth_mb << 20, model_bytes))
     rows = []
     for n in batches:
         items = [ForwardItem([int(t)], args.context + 1, tables[i], 1)
@@ -153,12 +155,11 @@ def main(argv: list[str] | None = None) -> dict:
     for r in rows:
         print(f"{r['requests']:>8} {r['experts_touched_per_layer']:>13.1f} {r['active_mb']:>9.1f} {r['step_ms']:>8.2f} "
               f"{r['read_ms']:>8.2f} {r['ratio']:>9.2f}")
-    result = {"args": vars(args), "machine": platform.processor() or platform.machine(),
+    result = {"args": vars(args) | {"results": str(args.results)}, "machine": platform.processor() or platform.machine(),
               "read_bandwidth_gb_s": bandwidth / 1e9, "rows": rows}
     label = args.label or f"{datetime.date.today()}-{args.format}-{args.threads}t"
     args.results.mkdir(parents=True, exist_ok=True)
-    (args.results / f"{label}.json").write_text(json.dumps(result | {"args": vars(args) | {"results": str(args.results)}},
-                                                            indent=1))
+    (args.results / f"{label}.json").write_text(json.dumps(result, indent=1))
     print(f"wrote {args.results / label}.json")
     return result
 

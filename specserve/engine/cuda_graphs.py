@@ -135,7 +135,8 @@ class CudaGraphRunner:
         def run():
             meta.write_index = None  # derived from slot_mapping inside the captured work
             hidden = self.model(p[:t], meta, self.kv_cache)
-            self.logits[:t].copy_(self.model.softcap(self.model.lm_head(hidden)))  # compute_logits' float32, in the copy
+            # compute_logits' float32, in the copy
+            self.logits[:t].copy_(self.model.softcap(self.model.lm_head(hidden)))
             self.hidden[:t].copy_(hidden)
 
         stream = torch.cuda.Stream()

@@ -28,14 +28,14 @@ LAYER_LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
 
 def _targets(model: nn.Module) -> dict[str, nn.Linear]:
-    """Our module path -> nn.Linear, for every matrix that quantization replaces (a mixture of experts'
-    experts are not modules: `_quantize_experts`)."""
+    """Our module path -> nn.Linear, for every matrix that quantization replaces (but a mixture's experts,
+    which are not modules: quantize_model takes them one by one)."""
     out = {}
     for i, layer in enumerate(model.layers):
         modules = {name: layer._modules.get(name) for name in LAYER_LINEARS}
         if layer.moe is not None and layer.moe.shared_expert is not None:
-            shared = layer.moe.shared_expert
-            modules |= {"moe.shared_expert.gate_up_proj": shared.gate_up_proj, "moe.shared_expert.down_proj": shared.down_proj}
+            modules |= {f"moe.shared_expert.{name}": getattr(layer.moe.shared_expert, name)
+                        for name in ("gate_up_proj", "down_proj")}
         out |= {f"layers.{i}.{name}": m for name, m in modules.items()}
     out["lm_head"] = model.lm_head
     out["fc"] = getattr(model, "fc", None)  # an EAGLE draft's input projection (GGUF files hold none: dense)
@@ -77,7 +77,8 @@ def _gguf_blocks(g, config) -> dict[str, list[tuple[str, np.ndarray]]]:
                                part(b + "attn_k.weight", config.num_key_value_heads), part(b + "attn_v.weight")],
                   "o_proj": [part(b + "attn_output.weight")], "down_proj": [part(b + "ffn_down.weight")],
                   "gate_up_proj": [part(b + "ffn_gate.weight"), part(b + "ffn_up.weight")],
-                  "moe.shared_expert.gate_up_proj": [part(b + "ffn_gate_shexp.weight"), part(b + "ffn_up_shexp.weight")],
+                  "moe.shared_expert.gate_up_proj": [part(b + "ffn_gate_shexp.weight"),
+                                                     part(b + "ffn_up_shexp.weight")],
                   "moe.shared_expert.down_proj": [part(b + "ffn_down_shexp.weight")]}
         experts = [part(b + f"ffn_{n}_exps.weight") for n in ("gate", "up", "down")]  # [experts, rows, bytes]
         if all(e is not None for e in experts):

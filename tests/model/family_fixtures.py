@@ -182,6 +182,7 @@ def reference_with(hf_dir: Path, tensors: dict[str, torch.Tensor], out: Path):
     for f in hf_dir.iterdir():
         if f.name != "model.safetensors":
             (out / f.name).write_bytes(f.read_bytes())
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"),
+              metadata={"format": "pt"})
     model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager")
     return model.eval()

@@ -139,7 +139,8 @@ def test_gguf_blocks_stay_quantized_experts_included(family, tmp_path, monkeypat
     monkeypatch.setenv("SPECSERVE_INT8_DOT", "0")
     name, path, _, _ = family
     write_family_gguf(tmp_path / "m.gguf", path, name, "Q8_0")
-    dense, native = load_model(str(tmp_path / "m.gguf")).model, load_model(str(tmp_path / "m.gguf"), quantization="gguf").model
+    path = str(tmp_path / "m.gguf")
+    dense, native = load_model(path).model, load_model(path, quantization="gguf").model
     for layer in native.layers:
         if layer.moe is not None:
             assert layer.moe.gate_up is None and len(layer.moe.experts) == layer.moe.num_experts
