@@ -62,8 +62,7 @@ def chunk_logits(model, ids: list[int]) -> torch.Tensor:
     blocks = -(-len(ids) // block)
     kv = allocate_kv_cache(c.num_hidden_layers, blocks, block, c.num_key_value_heads, c.head_dim,
                            next(model.parameters()).dtype)
-    meta = AttentionMetadata.build([len(ids)], [len(ids)], [list(range(blocks))], block,
-                                   sliding_window=c.sliding_window, short_kernel=True)
+    meta = AttentionMetadata.build([len(ids)], [len(ids)], [list(range(blocks))], block, short_kernel=True)
     with torch.no_grad():
         return model.compute_logits(model(torch.tensor(ids), meta, kv)).float()
 

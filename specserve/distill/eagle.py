@@ -27,14 +27,17 @@ from specserve.model.llama import LlamaModel
 
 
 def eagle_config(target: ModelConfig, layers: int, draft_vocab: int | None) -> ModelConfig:
-    """The target's layer shape (width, heads, MLP) with `layers` layers and an EAGLE input."""
+    """The target's layer shape (width, heads, MLP) with `layers` layers and an EAGLE input: a plain
+    Llama layer (dense SwiGLU of the target's intermediate size, the target's global rope) whatever the
+    target's family, as EAGLE's drafts for Qwen3, Mixtral or Gemma are. Its final norm holds the target's
+    as the target applies it (Gemma's 1 + w included, model/weights.py), so both normalise alike."""
     return ModelConfig(
         vocab_size=target.vocab_size, hidden_size=target.hidden_size, intermediate_size=target.intermediate_size,
         num_hidden_layers=layers, num_attention_heads=target.num_attention_heads,
         num_key_value_heads=target.num_key_value_heads, head_dim=target.head_dim,
         rms_norm_eps=target.rms_norm_eps, rope_theta=target.rope_theta, rope_scaling=target.rope_scaling,
         max_position_embeddings=target.max_position_embeddings, tie_word_embeddings=False,
-        attention_bias=target.attention_bias, architecture=target.architecture,
+        attention_bias=target.attention_bias, architecture="LlamaForCausalLM",
         bos_token_id=target.bos_token_id, eos_token_id=list(target.eos_token_id),
         draft_vocab_size=draft_vocab, eagle=True)
 

@@ -11,7 +11,6 @@ import torch.nn.functional as F
 
 from specserve.model.config import ModelConfig
 from specserve.model.llama import LlamaModel
-from specserve.model.rope import apply_rope
 
 
 def causal_forward(model: LlamaModel, ids: torch.Tensor, features: torch.Tensor | None = None,
@@ -21,28 +20,30 @@ def causal_forward(model: LlamaModel, ids: torch.Tensor, features: torch.Tensor 
     EAGLE drafts also take `features` [B, T, hidden] (see LlamaModel.embed). `prefix`: the earlier passes
     over the same positions, each a per-layer list of keys and values [B, T, Hkv, D]; this pass is then draft
     step len(prefix) + 1 at every position, attending to what that step's cache holds at inference
-    (`unrolled_mask`). `kv_out` collects this pass's per-layer (keys, values)."""
+    (`unrolled_mask`). `kv_out` collects this pass's per-layer (keys, values). The layers' own pieces
+    (DecoderLayer.attention_inputs, .finish) do everything but attention, so any family's target teaches."""
     b, t = ids.shape
-    rope = model.rope[:t].to(ids.device)
-    cos, sin = rope[:, 0, None], rope[:, 1, None]  # [T, 1, D/2]
-    x = model.embed(ids, features)
-    mask = unrolled_mask(t, len(prefix), ids.device) if prefix else None
+    ropes = [(rows[:, 0, None].repeat(b, 1, 1), rows[:, 1, None].repeat(b, 1, 1))  # [B * T, 1, D/2]
+             for rows in model.rope_rows(torch.arange(t, device=ids.device))]
+    x = model.embed(ids, features).reshape(b * t, -1)
+    causal = unrolled_mask(t, len(prefix), ids.device) if prefix else None
     for i, layer in enumerate(model.layers):
-        h = layer.input_layernorm(x)
-        q, k, v = layer.qkv_proj(h).split([layer.q_size, layer.kv_size, layer.kv_size], dim=-1)
-        q = apply_rope(q.reshape(b * t, layer.num_heads, layer.head_dim).unflatten(0, (b, t)), cos, sin)
-        k = apply_rope(k.reshape(b, t, layer.num_kv_heads, layer.head_dim), cos, sin)
-        v = v.reshape(b, t, layer.num_kv_heads, layer.head_dim)
+        q, k, v = layer.attention_inputs(x, *ropes[layer.rope_index])
+        q = q.reshape(b, t, layer.num_heads, layer.head_dim)
+        k, v = (a.reshape(b, t, layer.num_kv_heads, layer.head_dim) for a in (k, v))
         if kv_out is not None:
             kv_out.append((k, v))
         keys = torch.cat([*(kv[i][0] for kv in prefix or ()), k], 1)
         values = torch.cat([*(kv[i][1] for kv in prefix or ()), v], 1)
+        mask = causal
+        if layer.sliding_window is not None:  # a target's sliding layer (drafts have none, nor a prefix then)
+            pos = torch.arange(t, device=ids.device)
+            mask = (pos[None] <= pos[:, None]) & (pos[None] > pos[:, None] - layer.sliding_window)
         att = F.scaled_dot_product_attention(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
                                              attn_mask=mask, is_causal=mask is None, scale=layer.scale,
                                              enable_gqa=layer.num_heads != layer.num_kv_heads)
-        x = x + layer.o_proj(att.transpose(1, 2).reshape(b, t, layer.q_size))
-        x = x + layer.down_proj(layer.swiglu(layer.post_attention_layernorm(x)))
-    return model.norm(x)
+        x = layer.finish(x, att.transpose(1, 2).reshape(b * t, layer.q_size))
+    return model.norm(x).reshape(b, t, -1)
 
 
 def bf16_autocast(t: torch.Tensor):

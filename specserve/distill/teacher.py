@@ -33,7 +33,7 @@ def teach(target, windows: np.ndarray, k: int, chunk: int = 16) -> dict[str, tor
         # Padding sits at the end of rows: run only up to the chunk's longest row, fill the rest.
         length = int((ids >= 0).sum(1).max())
         hidden = causal_forward(target, ids[:, :length].clamp_min(0))
-        logits = target.lm_head(hidden.to(weight.dtype)).float()
+        logits = target.softcap(target.lm_head(hidden.to(weight.dtype))).float()
         values, idx = logits.topk(k, dim=-1)
         pad = ids.shape[1] - length
         out["tokens"].append(ids.int())

@@ -130,13 +130,13 @@ class CudaGraphRunner:
         pad[2 * t:3 * t] = self.sink_slot
         p[:len(pad)].copy_(pad)  # a blocking copy: before this step's inputs are written again (see forward)
         seqs, tables = p[3 * t:6 * t].view(3, t), p[6 * t:6 * t + t * w].view(t, w)
-        meta = AttentionMetadata(p[t:2 * t], p[2 * t:3 * t], [], self.model.config.sliding_window,
-                                 ShortQueries(seqs, tables, t, qmax))
+        meta = AttentionMetadata(p[t:2 * t], p[2 * t:3 * t], [], ShortQueries(seqs, tables, t, qmax))
 
         def run():
             meta.write_index = None  # derived from slot_mapping inside the captured work
             hidden = self.model(p[:t], meta, self.kv_cache)
-            self.logits[:t].copy_(self.model.lm_head(hidden))  # compute_logits' float32, in the copy
+            # compute_logits' float32, in the copy
+            self.logits[:t].copy_(self.model.softcap(self.model.lm_head(hidden)))
             self.hidden[:t].copy_(hidden)
 
         stream = torch.cuda.Stream()

@@ -12,6 +12,7 @@ from specserve.model import cpu_draft, gpu_attention
 from specserve.model.attention import AttentionMetadata, allocate_kv_cache
 from specserve.model.kernels import short_attention_supported
 from specserve.model.llama import LlamaModel
+from specserve.model.mlp import MoE
 from specserve.model.packed_linear import pack_linears
 
 log = logging.getLogger("specserve.engine")
@@ -44,8 +45,10 @@ class ModelRunner:
         c = self.config
         on_gpu = gpu_attention.supported(self.dtype, self.device, c.head_dim)
         self.short_kernel = on_gpu or short_attention_supported(self.dtype, self.device)
-        # EAGLE drafts take features per token: they run eagerly.
-        graphs = on_gpu and not enforce_eager and max_model_len is not None and model.fc is None
+        # EAGLE drafts take features per token, experts that read their routing on the host cannot be
+        # captured: they run eagerly.
+        graphs = (on_gpu and not enforce_eager and max_model_len is not None and model.fc is None
+                  and all(m.runs_in_cuda_graphs(self.dtype) for m in model.modules() if isinstance(m, MoE)))
         # With graphs, one block more: padding tokens write their keys there (the sink).
         self.kv_cache = allocate_kv_cache(c.num_hidden_layers, num_blocks + graphs, block_size,
                                           c.num_key_value_heads, c.head_dim, self.dtype, self.device)
@@ -94,7 +97,7 @@ class ModelRunner:
             return self.graphs.forward(items, all_hidden, device_ids)
         meta = AttentionMetadata.build([it.num_tokens for it in items], [it.ctx_len for it in items],
                                        [it.block_table for it in items], self.block_size, self.device,
-                                       self.config.sliding_window, self.short_kernel)
+                                       self.short_kernel)
         ids = torch.tensor([t for it in items for t in it.token_ids + [0] * it.num_device_tokens],
                            dtype=torch.long, device=self.device)
         if device_ids is not None and len(device_ids):

@@ -28,7 +28,7 @@ batched matmul without repeating keys. Scores are taken in float32 for the softm
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -61,11 +61,22 @@ class AttentionGroup:
     query_index: torch.Tensor   # [G, Qmax] flat token index of each padded query slot (0 for padding)
     out_index: torch.Tensor     # [n] position of each of the group's tokens in the [G * Qmax] padded output
     block_tables: torch.Tensor  # [G, max_blocks] cache blocks of each sequence (0 for padding)
-    mask: torch.Tensor          # [G, 1, Qmax, max_blocks * block_size] True where a query may attend
+    query_pos: torch.Tensor     # [G, Qmax] position of each padded query slot (0 for padding)
     is_whole_batch: bool        # the group holds every token in order with Qmax == 1 (pure decode)
-    # Made on first use, because they depend on the model's head counts (target and draft differ):
-    bias: torch.Tensor | None = None      # [G, 1, heads_per_kv * Qmax, Kmax] float32, 0 or -inf (short queries)
+    # Made on first use, because they depend on the layer's window (Gemma 3 mixes two) and the model's head
+    # counts (target and draft differ), keyed by window (None: causal only):
+    masks: dict = field(default_factory=dict)   # [G, 1, Qmax, max_blocks * block_size] True where a query may attend
+    biases: dict = field(default_factory=dict)  # [G, 1, heads_per_kv * Qmax, Kmax] float32, 0 or -inf (short queries)
     kv_index: torch.Tensor | None = None  # [G * Hkv * max_blocks] rows of the cache viewed as [blocks * Hkv, ...]
+
+    def mask(self, window: int | None, block_size: int) -> torch.Tensor:
+        if window not in self.masks:
+            key_pos = torch.arange(self.block_tables.shape[1] * block_size, device=self.query_pos.device)
+            mask = key_pos[None, None, :] <= self.query_pos[:, :, None]
+            if window is not None:
+                mask &= key_pos[None, None, :] > self.query_pos[:, :, None] - window
+            self.masks[window] = mask[:, None]
+        return self.masks[window]
 
 
 @dataclass(slots=True)
@@ -82,14 +93,12 @@ class AttentionMetadata:
     positions: torch.Tensor     # [T] position of each new token in its sequence
     slot_mapping: torch.Tensor  # [T] flat cache slot (block * block_size + offset) each new token writes
     groups: list[AttentionGroup]
-    sliding_window: int | None = None
     short: ShortQueries | None = None  # set when the C kernel takes the short queries (not in `groups`)
     write_index: torch.Tensor | None = None  # [T * Hkv] rows the new keys/values go to (made on first use)
 
     @classmethod
     def build(cls, q_lens: list[int], ctx_lens: list[int], block_tables: list[list[int]],
-              block_size: int, device: torch.device | str = "cpu",
-              sliding_window: int | None = None, short_kernel: bool = False) -> "AttentionMetadata":
+              block_size: int, device: torch.device | str = "cpu", short_kernel: bool = False) -> "AttentionMetadata":
         """q_lens[i] new tokens of sequence i end at position ctx_lens[i] - 1; block_tables[i] holds
         at least ceil(ctx_lens[i] / block_size) blocks. `short_kernel`: short queries go to the C kernel
         (`kernels.short_attention_supported` says when it can run)."""
@@ -126,10 +135,10 @@ class AttentionMetadata:
                 sum(q_lens[i] for i in short), max(p[1] for p in pieces))
             short = []
         groups = [_build_group(members, q_lens, ctx_lens, used_blocks, block_tables, starts, block_size,
-                               start, device, sliding_window)
+                               start, device)
                   for members in _split_by_context(short, used_blocks) + _split_by_context(long, used_blocks)]
         as_tensor = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
-        return cls(as_tensor(positions), as_tensor(slots), groups, sliding_window, short_queries)
+        return cls(as_tensor(positions), as_tensor(slots), groups, short_queries)
 
 
 def _split_by_context(members: list[int], used_blocks: list[int]) -> list[list[int]]:
@@ -145,7 +154,7 @@ def _split_by_context(members: list[int], used_blocks: list[int]) -> list[list[i
 
 
 def _build_group(members, q_lens, ctx_lens, used_blocks, block_tables, starts, block_size, total_tokens,
-                 device, sliding_window) -> AttentionGroup:
+                 device) -> AttentionGroup:
     qmax = max(q_lens[i] for i in members)
     nblocks = max(used_blocks[i] for i in members)
     token_index, query_index, out_index, q_pos, tables = [], [], [], [], []
@@ -158,20 +167,16 @@ def _build_group(members, q_lens, ctx_lens, used_blocks, block_tables, starts, b
         q_pos.append(list(range(c - q, c)) + [0] * (qmax - q))
         tables.append(list(block_tables[i][:used_blocks[i]]) + [0] * (nblocks - used_blocks[i]))
     t = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
-    q_pos_t = t(q_pos)
-    key_pos = torch.arange(nblocks * block_size, device=device)
-    mask = key_pos[None, None, :] <= q_pos_t[:, :, None]
-    if sliding_window is not None:
-        mask &= key_pos[None, None, :] > q_pos_t[:, :, None] - sliding_window
     whole = qmax == 1 and token_index == list(range(total_tokens))
-    return AttentionGroup(t(token_index), t(query_index), t(out_index), t(tables), mask[:, None],
-                          whole)
+    return AttentionGroup(t(token_index), t(query_index), t(out_index), t(tables), t(q_pos), whole)
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                    v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+                    v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+                    window: int | None = None) -> torch.Tensor:
     """q: [T, H, D]; k, v: [T, Hkv, D] for the new tokens; k_cache, v_cache: [num_blocks, Hkv, block_size,
-    D], updated in place with the new keys/values (k, v None: already written, `gpu_fused.rope_and_cache`).
+    D], updated in place with the new keys/values (k, v None: already written, `gpu_fused.rope_and_cache`);
+    window: the layer's sliding window (a query sees the `window` latest positions, itself included).
     Returns [T, H * D].
 
     The cache keeps each (block, KV head) as one contiguous [block_size, D] row, so that one gather
@@ -191,9 +196,9 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
         short = meta.short
         if q.device.type == "cuda":
             gpu_attention.short_attention(q, k_cache, v_cache, out, short.seqs, short.block_tables, scale,
-                                          meta.sliding_window, short.qmax)
+                                          window, short.qmax)
         else:
-            short_attention(q, k_cache, v_cache, out, short.seqs, short.block_tables, scale, meta.sliding_window)
+            short_attention(q, k_cache, v_cache, out, short.seqs, short.block_tables, scale, window)
         if short.num_tokens == num_tokens:
             return out
     for group in meta.groups:
@@ -201,13 +206,13 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
         if group.kv_index is None:
             heads = torch.arange(num_kv_heads, device=q.device)
             group.kv_index = (group.block_tables[:, None, :] * num_kv_heads + heads[None, :, None]).flatten()
-            if qmax <= SHORT_QUERY_MAX:
-                kmax = group.mask.shape[-1]
-                allowed = group.mask[:, :, None].expand(num_seqs, 1, per_kv, qmax, kmax)
-                group.bias = torch.zeros(allowed.shape, dtype=torch.float32, device=q.device).masked_fill_(
-                    ~allowed, float("-inf")).view(num_seqs, 1, per_kv * qmax, kmax)
+        mask = group.mask(window, block_size)
+        kmax = mask.shape[-1]  # max_blocks * block_size
+        if qmax <= SHORT_QUERY_MAX and window not in group.biases:
+            allowed = mask[:, :, None].expand(num_seqs, 1, per_kv, qmax, kmax)
+            group.biases[window] = torch.zeros(allowed.shape, dtype=torch.float32, device=q.device).masked_fill_(
+                ~allowed, float("-inf")).view(num_seqs, 1, per_kv * qmax, kmax)
         # index_select, not advanced indexing: on the CPU it gathers these rows ~6x faster.
-        kmax = group.mask.shape[-1]  # max_blocks * block_size
         keys = k_cache.view(num_blocks * num_kv_heads, block_size * head_dim).index_select(
             0, group.kv_index).view(num_seqs, num_kv_heads, kmax, head_dim)  # [G, Hkv, Kmax, D]
         values = v_cache.view(num_blocks * num_kv_heads, block_size * head_dim).index_select(
@@ -215,14 +220,14 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
         queries = q.index_select(0, group.query_index.flatten()).view(num_seqs, qmax, num_heads, head_dim)
         if qmax > SHORT_QUERY_MAX:
             # Prefill chunks: SDPA's fused kernel (no [G, H, Qmax, Kmax] float32 scores in memory).
-            o = F.scaled_dot_product_attention(queries.transpose(1, 2), keys, values, attn_mask=group.mask,
+            o = F.scaled_dot_product_attention(queries.transpose(1, 2), keys, values, attn_mask=mask,
                                                scale=scale, enable_gqa=per_kv > 1)  # [G, H, Qmax, D]
             o = o.transpose(1, 2).reshape(num_seqs * qmax, num_heads * head_dim)
         else:
             # [G, Qmax, H, D] -> [G, Hkv, per_kv * Qmax, D]: query head h uses KV head h // per_kv
             queries = queries.view(num_seqs, qmax, num_kv_heads, per_kv, head_dim).permute(0, 2, 3, 1, 4)
             queries = queries.reshape(num_seqs, num_kv_heads, per_kv * qmax, head_dim)
-            scores = torch.matmul(queries, keys.transpose(-1, -2)).float().mul_(scale).add_(group.bias)
+            scores = torch.matmul(queries, keys.transpose(-1, -2)).float().mul_(scale).add_(group.biases[window])
             o = torch.matmul(torch.softmax(scores, dim=-1).to(values.dtype), values)  # [G, Hkv, per_kv*Qmax, D]
             o = o.view(num_seqs, num_kv_heads, per_kv, qmax, head_dim).permute(0, 3, 1, 2, 4)
             o = o.reshape(num_seqs * qmax, num_heads * head_dim)  # [G * Qmax, H * D]

@@ -66,7 +66,7 @@ def run_layers(model, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_
         qk.data_ptr(), attn.data_ptr(), act.data_ptr(), H, Hkv, D, inter, cos.data_ptr(), sin.data_ptr(),
         cos.stride(0), kv_cache.data_ptr(), kv_cache[0, 0].numel() * x.element_size(), meta.slot_mapping.data_ptr(),
         kv_cache.shape[4], short.seqs.data_ptr(), short.seqs.shape[1], short.block_tables.data_ptr(),
-        short.block_tables.shape[1], meta.sliding_window or 0, torch.get_num_threads())
+        short.block_tables.shape[1], first.sliding_window or 0, torch.get_num_threads())
     if status:
         raise MemoryError("CPU kernels: out of memory for their scratch buffers")
     return x
@@ -87,7 +87,9 @@ def _linear_args(m: KernelLinear | StackedKernelLinear, keep: list) -> LinearArg
 @dataclass(slots=True)
 class _Entry:
     """What the one-call forward knows of a model, kept with it: `plan` None where some layer's projection
-    is not on the kernels (a GGUF file may leave matrices dense: any layer's, not only the first's)."""
+    is not on the kernels (a GGUF file may leave matrices dense: any layer's, not only the first's), or some
+    layer is not a plain Llama layer (q/k norms, sandwich norms, GeGLU, a mixture of experts: they run layer
+    by layer), or the layers' windows differ (the kernel takes one)."""
     key: tuple
     plan: ctypes.Array | None
     has_large: bool  # some projection hands inputs of more than SMALL_ROWS rows to oneDNN
@@ -99,13 +101,14 @@ def _entry(model) -> _Entry:
     (the plan points into them). The key is module identities read through `_modules`: ~14 us a step for 30
     layers, where checking each module through nn.Module attributes took ~155 us."""
     layers = list(model.layers._modules.values())
-    key = (tuple(id(layer._modules[name]) for layer in layers for name in PROJECTIONS),
+    key = (tuple(id(layer._modules.get(name)) for layer in layers for name in PROJECTIONS),
            layers[0].input_layernorm.weight.data_ptr(), layers[0].post_attention_layernorm.weight.data_ptr())
     cached = model.__dict__.get("_cpu_forward")
     if cached is not None and cached.key == key:
         return cached
-    linears = [layer._modules[name] for layer in layers for name in PROJECTIONS]
-    on_kernels = (all(isinstance(m, (KernelLinear, StackedKernelLinear)) for m in linears)
+    linears = [layer._modules.get(name) for layer in layers for name in PROJECTIONS]
+    on_kernels = (all(layer.plain and layer.sliding_window == layers[0].sliding_window for layer in layers)
+                  and all(isinstance(m, (KernelLinear, StackedKernelLinear)) for m in linears)
                   and all(layer.gate_up_proj.interleaved for layer in layers))
     keep = []
     entry = _Entry(key, _plan(layers, keep) if on_kernels else None,

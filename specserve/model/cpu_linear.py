@@ -133,7 +133,12 @@ class KernelLinear(nn.Module):
     def from_linear(cls, linear: nn.Module, interleave: bool = False, large: nn.Module | None = None) -> "KernelLinear":
         """A dense copy of an nn.Linear's float32/bf16 weight (rows padded), optionally gate/up interleaved;
         `large`: a module computing the same layer (usual row order) for inputs of more than SMALL_ROWS rows."""
-        w, bias = linear.weight.detach(), linear.bias
+        return cls.from_weight(linear.weight.detach(), linear.bias, interleave, large)
+
+    @classmethod
+    def from_weight(cls, w: torch.Tensor, bias: torch.Tensor | None = None, interleave: bool = False,
+                    large: nn.Module | None = None) -> "KernelLinear":
+        """The same from a float32/bf16 matrix [out, in] (a mixture of experts' stacked ones, `mlp.py`)."""
         fmt = DENSE_FORMATS[w.dtype]
         pad = -w.shape[1] % PAD
         packed = F.pad(w, (0, pad)) if pad else w.clone()

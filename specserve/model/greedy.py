@@ -19,8 +19,7 @@ def greedy_decode(model: LlamaModel, prompt_ids: list[int], max_new_tokens: int,
     tokens, out = list(prompt_ids), []
     new = tokens
     while len(out) < max_new_tokens:
-        meta = AttentionMetadata.build([len(new)], [len(tokens)], table, block_size, device,
-                                      cfg.sliding_window)
+        meta = AttentionMetadata.build([len(new)], [len(tokens)], table, block_size, device)
         hidden = model(torch.tensor(new, device=device), meta, cache)
         next_id = int(model.compute_logits(hidden[-1:]).argmax(-1))
         out.append(next_id)

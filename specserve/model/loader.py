@@ -1,4 +1,4 @@
-"""Load a model (HF directory, GGUF file, or alias) into our Llama-family module + tokenizer."""
+"""Load a model (HF directory, GGUF file, or alias) of any family we serve into our decoder + tokenizer."""
 from __future__ import annotations
 
 import json

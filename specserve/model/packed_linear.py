@@ -66,11 +66,13 @@ def pack_linears(model: nn.Module) -> int:
     gate/up projection keeps its rows interleaved so that the kernel returns silu(gate) * up directly.
     Where `cpu_linear.invariant_linears` says so (float32 weights by default), a KernelLinear also keeps
     a PackedLinear for inputs of more than 16 rows where oneDNN packs the dtype.
+    A mixture of experts' stacked experts become one KernelLinear pair per expert (`mlp.pack_experts`).
     Returns how many were replaced; 0 on other devices, dtypes or builds (plain F.linear stays)."""
     from specserve.model.cpu_linear import invariant_linears, kernel_can_run
+    from specserve.model.mlp import MoE, pack_experts
+    count = sum(pack_experts(m) for m in list(model.modules()) if isinstance(m, MoE))
     targets = [(parent, name, child) for parent in model.modules()
                for name, child in parent.named_children() if isinstance(child, nn.Linear)]
-    count = 0
     for parent, name, linear in targets:
         if kernel_can_run(linear.weight):
             large = None

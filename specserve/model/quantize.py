@@ -1,7 +1,8 @@
 """Quantized weights at load: a GGUF file's own blocks ("gguf"), or a checkpoint quantized to Q8_0/Q4_0/Q4_1.
 
-The linear layers of the decoder (fused q/k/v, o, fused gate/up, down), the LM head and an EAGLE draft's
-input projection become KernelLinear modules that read the blocks directly (`cpu_linear.py`); the
+The linear layers of the decoder (fused q/k/v, o, fused gate/up, down; a mixture's experts, one pair each,
+and its shared expert), the LM head and an EAGLE draft's input projection become KernelLinear modules that
+read the blocks directly (`cpu_linear.py`); a router stays dense (llama.cpp keeps it in float too); the
 embedding stays a dense table in the model's dtype (a step reads only a few of its rows). Where the kernel
 cannot run (no C compiler, SPECSERVE_CPU_KERNELS=0, a GPU), the layers stay nn.Linear holding the
 dequantized values, so a model computes the same function either way, up to accumulation order.
@@ -18,6 +19,7 @@ from torch import nn
 from specserve.errors import ModelLoadError
 from specserve.model.cpu_linear import (QUANT_FORMATS, KernelLinear, StackedKernelLinear, dequantize_gguf,
                                         kernel_can_run, quantize)
+from specserve.model.mlp import MoE, set_experts
 
 log = logging.getLogger("specserve.quantize")
 
@@ -26,8 +28,15 @@ LAYER_LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
 
 def _targets(model: nn.Module) -> dict[str, nn.Linear]:
-    """Our module path -> nn.Linear, for every matrix that quantization replaces."""
-    out = {f"layers.{i}.{name}": getattr(layer, name) for i, layer in enumerate(model.layers) for name in LAYER_LINEARS}
+    """Our module path -> nn.Linear, for every matrix that quantization replaces (but a mixture's experts,
+    which are not modules: quantize_model takes them one by one)."""
+    out = {}
+    for i, layer in enumerate(model.layers):
+        modules = {name: layer._modules.get(name) for name in LAYER_LINEARS}
+        if layer.moe is not None and layer.moe.shared_expert is not None:
+            modules |= {f"moe.shared_expert.{name}": getattr(layer.moe.shared_expert, name)
+                        for name in ("gate_up_proj", "down_proj")}
+        out |= {f"layers.{i}.{name}": m for name, m in modules.items()}
     out["lm_head"] = model.lm_head
     out["fc"] = getattr(model, "fc", None)  # an EAGLE draft's input projection (GGUF files hold none: dense)
     return {path: m for path, m in out.items() if isinstance(m, nn.Linear)}
@@ -36,10 +45,11 @@ def _targets(model: nn.Module) -> dict[str, nn.Linear]:
 def _gguf_blocks(g, config) -> dict[str, list[tuple[str, np.ndarray]]]:
     """GGUF tensors in our fused layout, as parts [(format, blocks [rows, bytes])] in row order, consecutive
     tensors of one format merged (a _M file's q/k/v: [("q4_k", q and k), ("q6_k", v)]), where every tensor is
-    in a format the kernel reads; other matrices (float, other formats) are absent (they load dense)."""
+    in a format the kernel reads; other matrices (float, other formats) are absent (they load dense). Expert
+    e of layer i's MoE: "layers.i.moe.experts.e.gate_up" and ".down"."""
     from specserve.model.gguf_convert import _unpermute
     tensors = {t.name: t for t in g.reader.tensors}
-    unpermute = config.architecture == "LlamaForCausalLM"
+    unpermute = config.family.permuted_qk_in_gguf
 
     def part(name: str, heads: int | None = None):
         t = tensors.get(name)
@@ -49,22 +59,36 @@ def _gguf_blocks(g, config) -> dict[str, list[tuple[str, np.ndarray]]]:
         data = np.asarray(t.data)
         return fmt, (_unpermute(data, heads) if unpermute and heads else data)
 
+    def merged(parts: list) -> list | None:
+        if any(p is None for p in parts):
+            return None
+        out = []
+        for fmt, data in parts:
+            if out and out[-1][0] == fmt:
+                out[-1] = (fmt, np.concatenate([out[-1][1], data]))
+            else:
+                out.append((fmt, data))
+        return out
+
     out = {}
     for i in range(config.num_hidden_layers):
-        b = f"blk.{i}."
+        b, p = f"blk.{i}.", f"layers.{i}."
         groups = {"qkv_proj": [part(b + "attn_q.weight", config.num_attention_heads),
                                part(b + "attn_k.weight", config.num_key_value_heads), part(b + "attn_v.weight")],
                   "o_proj": [part(b + "attn_output.weight")], "down_proj": [part(b + "ffn_down.weight")],
-                  "gate_up_proj": [part(b + "ffn_gate.weight"), part(b + "ffn_up.weight")]}
+                  "gate_up_proj": [part(b + "ffn_gate.weight"), part(b + "ffn_up.weight")],
+                  "moe.shared_expert.gate_up_proj": [part(b + "ffn_gate_shexp.weight"),
+                                                     part(b + "ffn_up_shexp.weight")],
+                  "moe.shared_expert.down_proj": [part(b + "ffn_down_shexp.weight")]}
+        experts = [part(b + f"ffn_{n}_exps.weight") for n in ("gate", "up", "down")]  # [experts, rows, bytes]
+        if all(e is not None for e in experts):
+            (gate_fmt, gate), (up_fmt, up), (down_fmt, down) = experts
+            for e in range(config.num_experts):
+                groups[f"moe.experts.{e}.gate_up"] = [(gate_fmt, gate[e]), (up_fmt, up[e])]
+                groups[f"moe.experts.{e}.down"] = [(down_fmt, down[e])]
         for name, parts in groups.items():
-            if all(p is not None for p in parts):
-                merged = []
-                for fmt, data in parts:
-                    if merged and merged[-1][0] == fmt:
-                        merged[-1] = (fmt, np.concatenate([merged[-1][1], data]))
-                    else:
-                        merged.append((fmt, data))
-                out[f"layers.{i}.{name}"] = merged
+            if (m := merged(parts)) is not None:
+                out[p + name] = m
     head = part("output.weight") if "output.weight" in tensors else part("token_embd.weight")
     if head is not None:
         out["lm_head"] = [head]
@@ -80,42 +104,74 @@ def quantize_model(model: nn.Module, quantization: str, gguf_file=None) -> Count
     if quantization == "gguf" and gguf_file is None:
         raise ModelLoadError("quantization 'gguf' needs a .gguf model (or an alias of one)")
     targets = _targets(model)
-    use_kernel = all(kernel_can_run(m.weight) for m in targets.values())
+    moes = {f"layers.{i}.moe": layer.moe for i, layer in enumerate(model.layers)
+            if layer.moe is not None and layer.moe.experts is None}
+    use_kernel = (all(kernel_can_run(m.weight) for m in targets.values())
+                  and all(kernel_can_run(moe.gate_up) for moe in moes.values()))
     if not use_kernel:
         log.warning("CPU linear kernel unavailable: %s weights are dequantized (same values, dense speed)",
                     quantization)
     blocks = _gguf_blocks(gguf_file, model.config) if quantization == "gguf" else {}
     formats = Counter()
     for path, linear in targets.items():
-        in_features = linear.in_features
-        if quantization == "gguf":
-            if path not in blocks:
-                formats["dense"] += 1
-                continue
-            # writable copies (the file is mapped read-only)
-            parts = [(fmt, torch.from_numpy(np.array(raw))) for fmt, raw in blocks[path]]
-        else:
-            if in_features % 32:
-                formats["dense"] += 1  # no block format fits: keep this matrix as it is
-                continue
-            parts = [(quantization, quantize(linear.weight, quantization))]
-        fmt, rows = "+".join(part_fmt for part_fmt, _ in parts), sum(data.shape[0] for _, data in parts)
-        if rows != linear.out_features:
-            raise ModelLoadError(f"{path}: {fmt} blocks hold {rows} rows, the model expects {linear.out_features}")
+        parts = _parts(path, linear.weight, quantization, blocks)
+        fmt = "dense" if parts is None else "+".join(part_fmt for part_fmt, _ in parts)
+        formats[fmt] += 1
+        if parts is None:
+            continue
         if use_kernel:
             name = path.rsplit(".", 1)[-1]
-            module = _kernel_linear(parts, in_features, linear.bias, interleave=name == "gate_up_proj")
+            module = _kernel_linear(parts, linear.in_features, linear.bias, interleave=name == "gate_up_proj")
             parent = model.get_submodule(path.rsplit(".", 1)[0]) if "." in path else model
             setattr(parent, name, module)
+        elif linear.weight is getattr(model.embed_tokens, "weight", None):  # tied: untie, the table stays
+            linear.weight = nn.Parameter(_dequantized(parts, linear.in_features).to(linear.weight.dtype),
+                                         requires_grad=False)
         else:
-            dense = torch.cat([dequantize_gguf(data, part_fmt, in_features) for part_fmt, data in parts])
-            if linear.weight is getattr(model.embed_tokens, "weight", None):  # tied: untie, the table stays
-                linear.weight = nn.Parameter(dense.to(linear.weight.dtype), requires_grad=False)
-            else:
-                with torch.no_grad():
-                    linear.weight.copy_(dense)
-        formats[fmt] += 1
+            with torch.no_grad():
+                linear.weight.copy_(_dequantized(parts, linear.in_features))
+    for path, moe in moes.items():
+        experts = []
+        for e in range(moe.num_experts):
+            pair = []
+            for name, weight in (("gate_up", moe.gate_up[e]), ("down", moe.down[e])):
+                parts = _parts(f"{path}.experts.{e}.{name}", weight, quantization, blocks)
+                formats["dense" if parts is None else "+".join(part_fmt for part_fmt, _ in parts)] += 1
+                if not use_kernel:
+                    if parts is not None:
+                        with torch.no_grad():
+                            weight.copy_(_dequantized(parts, weight.shape[1]))
+                elif parts is None:
+                    pair.append(KernelLinear.from_weight(weight.detach(), interleave=name == "gate_up"))
+                else:
+                    pair.append(_kernel_linear(parts, weight.shape[1], None, interleave=name == "gate_up"))
+            experts.append(pair)
+        if use_kernel:
+            set_experts(moe, experts)
     return formats
+
+
+def _parts(path: str, weight: torch.Tensor, quantization: str, blocks: dict) -> list[tuple[str, torch.Tensor]] | None:
+    """The blocks a matrix [out, in] takes: the GGUF file's (writable copies: the file is mapped read-only), or
+    the weight quantized; None where it stays dense (not in the file's kernel formats; inputs not a multiple
+    of the 32-weight block)."""
+    if quantization == "gguf":
+        if path not in blocks:
+            return None
+        parts = [(fmt, torch.from_numpy(np.array(raw))) for fmt, raw in blocks[path]]
+    elif weight.shape[1] % 32:
+        return None
+    else:
+        parts = [(quantization, quantize(weight, quantization))]
+    rows = sum(data.shape[0] for _, data in parts)
+    if rows != weight.shape[0]:
+        fmt = "+".join(part_fmt for part_fmt, _ in parts)
+        raise ModelLoadError(f"{path}: {fmt} blocks hold {rows} rows, the model expects {weight.shape[0]}")
+    return parts
+
+
+def _dequantized(parts: list[tuple[str, torch.Tensor]], in_features: int) -> torch.Tensor:
+    return torch.cat([dequantize_gguf(data, fmt, in_features) for fmt, data in parts])
 
 
 def _kernel_linear(parts: list[tuple[str, torch.Tensor]], in_features: int, bias: torch.Tensor | None,
@@ -134,9 +190,13 @@ def _kernel_linear(parts: list[tuple[str, torch.Tensor]], in_features: int, bias
 
 
 def weight_summary(model: nn.Module) -> str:
-    """e.g. "q4_1 x 120, q8_0 x 1: 70.3 MB of matrices" (what a token's forward reads)."""
+    """e.g. "q4_1 x 120, q8_0 x 1: 70.3 MB of matrices" (what a token's forward reads, but for the experts
+    of a mixture, of which a token reads its own)."""
     formats, nbytes = Counter(), 0
     for m in model.modules():
+        if isinstance(m, MoE) and m.experts is None:  # stacked experts, not modules
+            formats[str(m.down.dtype).removeprefix("torch.")] += 2 * m.num_experts
+            nbytes += sum(w.numel() * w.element_size() for w in (m.gate_up, m.down))
         if isinstance(m, KernelLinear):
             formats[m.source_fmt + (" (int8 dot)" if m.fmt != m.source_fmt else "")] += 1
             nbytes += m.weight_bytes

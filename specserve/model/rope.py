@@ -9,10 +9,12 @@ from specserve.model import kernels
 from specserve.model.config import ModelConfig
 
 
-def inverse_frequencies(config: ModelConfig) -> torch.Tensor:
+def inverse_frequencies(config: ModelConfig, local: bool = False) -> torch.Tensor:
+    """The global rope's, or with `local` the sliding layers' (theta rope_local_base_freq, unscaled)."""
     dim = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64, device="cpu") / dim))
-    scaling = config.rope_scaling or {}
+    theta = config.rope_local_base_freq if local else config.rope_theta
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float64, device="cpu") / dim))
+    scaling = {} if local else config.rope_scaling or {}
     kind = scaling.get("rope_type", "default")
     if kind == "linear":
         inv_freq = inv_freq / scaling["factor"]
@@ -29,11 +31,17 @@ def inverse_frequencies(config: ModelConfig) -> torch.Tensor:
     return inv_freq.float()
 
 
-def rope_table(config: ModelConfig, max_positions: int, device=None) -> torch.Tensor:
-    """cos/sin for every position: [max_positions, 2, head_dim // 2] in float32."""
+def has_local_rope(config: ModelConfig) -> bool:
+    """Whether sliding layers rotate by a rope of their own (Gemma 3)."""
+    return config.rope_local_base_freq is not None and config.layer_types is not None
+
+
+def rope_table(config: ModelConfig, max_positions: int, device=None, local: bool = False) -> torch.Tensor:
+    """cos/sin for every position: [max_positions, 2, head_dim // 2] in float32 (`local`: the sliding
+    layers' rope, see inverse_frequencies)."""
     # Built on the CPU explicitly, so a model constructed under torch.device("meta") still gets real values.
     t = torch.arange(max_positions, dtype=torch.float32, device="cpu")
-    freqs = torch.outer(t, inverse_frequencies(config))
+    freqs = torch.outer(t, inverse_frequencies(config, local))
     return torch.stack([freqs.cos(), freqs.sin()], dim=1).to(device or "cpu")
 
 

@@ -11,6 +11,9 @@ from safetensors.torch import load_file, save_file
 from specserve.errors import ModelLoadError
 from specserve.model.llama import LlamaModel
 
+# Each layer's norms (our names), where the family has them.
+NORMS = ("input_layernorm", "post_attention_layernorm", "q_norm", "k_norm", "attention_output_norm", "mlp_output_norm")
+
 
 def read_safetensors(model_dir: Path) -> dict[str, torch.Tensor]:
     """model.safetensors, or the shards listed in model.safetensors.index.json."""
@@ -37,8 +40,10 @@ def read_safetensors(model_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def load_hf_state_dict(model: LlamaModel, hf: dict[str, torch.Tensor]) -> None:
-    """Copy HF-named tensors into the model, fusing q/k/v and gate/up. Missing or misshaped -> error."""
-    cfg = model.config
+    """Copy HF-named tensors into the model, fusing q/k/v, gate/up and stacking experts; the family names
+    them (model/family.py) and its norm offset is added here (Gemma's 1 + w, in float32 as the reference
+    computes it). Missing or misshaped -> error."""
+    cfg, family = model.config, model.config.family
     hf = {k.removeprefix("model."): v for k, v in hf.items()}
 
     def take(name: str) -> torch.Tensor:
@@ -46,7 +51,10 @@ def load_hf_state_dict(model: LlamaModel, hf: dict[str, torch.Tensor]) -> None:
             raise ModelLoadError(f"checkpoint has no tensor {name!r}")
         return hf[name]
 
-    ours: dict[str, torch.Tensor] = {"norm.weight": take("norm.weight")}
+    def norm(name: str) -> torch.Tensor:
+        return take(name).float() + family.norm_offset if family.norm_offset else take(name)
+
+    ours: dict[str, torch.Tensor] = {"norm.weight": norm("norm.weight")}
     if not cfg.eagle or "embed_tokens.weight" in hf:  # an EAGLE draft reads the target's embedding
         ours["embed_tokens.weight"] = take("embed_tokens.weight")
     if cfg.eagle:
@@ -57,18 +65,31 @@ def load_hf_state_dict(model: LlamaModel, hf: dict[str, torch.Tensor]) -> None:
         ours["lm_head.weight"] = ours["embed_tokens.weight"]
     else:
         ours["lm_head.weight"] = take("lm_head.weight")
-    for i in range(cfg.num_hidden_layers):
+    for i, layer in enumerate(model.layers):
         p = f"layers.{i}."
-        ours[p + "input_layernorm.weight"] = take(p + "input_layernorm.weight")
-        ours[p + "post_attention_layernorm.weight"] = take(p + "post_attention_layernorm.weight")
-        ours[p + "qkv_proj.weight"] = torch.cat(
-            [take(p + f"self_attn.{n}_proj.weight") for n in "qkv"])
+
+        def w(name: str, expert: int | None = None, kind: str = "weight") -> torch.Tensor:
+            return take(p + family.hf_name(name).format(e=expert) + "." + kind)
+
+        for name in NORMS:
+            if getattr(layer, name) is not None:
+                ours[p + name + ".weight"] = norm(p + family.hf_name(name) + ".weight")
+        ours[p + "qkv_proj.weight"] = torch.cat([w(n) for n in ("q_proj", "k_proj", "v_proj")])
         if cfg.attention_bias:
-            ours[p + "qkv_proj.bias"] = torch.cat([take(p + f"self_attn.{n}_proj.bias") for n in "qkv"])
-        ours[p + "o_proj.weight"] = take(p + "self_attn.o_proj.weight")
-        ours[p + "gate_up_proj.weight"] = torch.cat(
-            [take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")])
-        ours[p + "down_proj.weight"] = take(p + "mlp.down_proj.weight")
+            ours[p + "qkv_proj.bias"] = torch.cat([w(n, kind="bias") for n in ("q_proj", "k_proj", "v_proj")])
+        ours[p + "o_proj.weight"] = w("o_proj")
+        if layer.moe is None:
+            ours[p + "gate_up_proj.weight"] = torch.cat([w("gate_proj"), w("up_proj")])
+            ours[p + "down_proj.weight"] = w("down_proj")
+            continue
+        experts = range(cfg.num_experts)
+        ours[p + "moe.router.weight"] = w("router")
+        ours[p + "moe.gate_up"] = torch.stack([torch.cat([w("expert_gate", e), w("expert_up", e)]) for e in experts])
+        ours[p + "moe.down"] = torch.stack([w("expert_down", e) for e in experts])
+        if layer.moe.shared_expert is not None:
+            ours[p + "moe.shared_expert.gate_up_proj.weight"] = torch.cat([w("shared_gate_proj"), w("shared_up_proj")])
+            ours[p + "moe.shared_expert.down_proj.weight"] = w("shared_down_proj")
+            ours[p + "moe.shared_expert_gate.weight"] = w("shared_expert_gate")
     params = dict(model.named_parameters(remove_duplicate=False))
     for name, tensor in ours.items():
         if name not in params:
@@ -81,8 +102,11 @@ def load_hf_state_dict(model: LlamaModel, hf: dict[str, torch.Tensor]) -> None:
 
 
 def hf_state_dict(model: LlamaModel) -> dict[str, torch.Tensor]:
-    """Our parameters under Hugging Face names (un-fused), for saving a checkpoint transformers reads."""
+    """Our parameters under Hugging Face names (un-fused), for saving a checkpoint transformers reads: a
+    Llama-layout model (the tiny test models, drafts), not the other families' layers."""
     cfg = model.config
+    if not all(layer.plain for layer in model.layers):
+        raise ValueError(f"saving a {cfg.architecture} checkpoint is not supported (Llama-layout models only)")
     sd = {k: v.detach() for k, v in model.state_dict().items()}
     out = {"model.norm.weight": sd["norm.weight"]}
     if cfg.eagle:

@@ -1,8 +1,9 @@
 """The served model's sampling defaults: what a request that omits temperature, top_p, ... samples with.
 
 As vLLM's `--generation-config`: `auto` (the default) takes the model's own recommendation, a Hugging
-Face directory's generation_config.json or, for an alias, the model card's values recorded with it in
-model/registry.py (a GGUF file carries no generation_config.json); `vllm` takes none, so requests get
+Face directory's generation_config.json, a GGUF file's general.sampling.* metadata where it has some, or,
+for an alias, the model card's values recorded with it in
+model/registry.py (its GGUF file has none); `vllm` takes none, so requests get
 the server's own defaults (OpenAI's: temperature 1, top_p 1, no top_k); a folder path reads that folder's
 generation_config.json. Fields a request sets always win (protocol.py applies them). The library engine
 never sees these: `LLM` and `SamplingParams` keep their documented defaults.
@@ -39,6 +40,9 @@ def resolve(choice: str, model: str) -> tuple[SamplingDefaults, str]:
 
     alias = model if model in ALIASES else None
     path = Path(model).expanduser()
+    if alias is None and path.suffix == ".gguf" and path.is_file():
+        from specserve.model.gguf_convert import GGUFFile, gguf_generation_config
+        return _from_dict(gguf_generation_config(GGUFFile(path)), f"{path} (general.sampling metadata)")
     if alias is None and path.is_dir():
         if (path / FILENAME).is_file():
             return _from_file(path / FILENAME)

@@ -24,7 +24,7 @@ def run_step(model, cache, seqs, tables, block_size, short_kernel=False):
     """seqs: list of (cached_len, new_ids, total_len). Returns logits of every new token: [T, vocab].
     `short_kernel`: decodes and verifies through the C kernel instead of torch ops."""
     meta = AttentionMetadata.build([len(n) for _, n, _ in seqs], [t for _, _, t in seqs], tables, block_size,
-                                  sliding_window=model.config.sliding_window, short_kernel=short_kernel)
+                                  short_kernel=short_kernel)
     ids = torch.tensor([i for _, n, _ in seqs for i in n])
     with torch.no_grad():
         return model.compute_logits(model(ids, meta, cache))
