@@ -74,7 +74,7 @@ class ModelRunner:
             return None
         meta = AttentionMetadata.build([it.num_tokens for it in items], [it.ctx_len for it in items],
                                        [it.block_table for it in items], self.block_size, self.device,
-                                       self.config.sliding_window, self.short_kernel)
+                                       self.short_kernel)
         if meta.short is None or meta.short.num_tokens != sum(it.num_tokens for it in items):
             return None
         ids = torch.tensor([t for it in items for t in it.token_ids], dtype=torch.long)

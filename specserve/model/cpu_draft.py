@@ -42,11 +42,13 @@ def _linear(m) -> LinearArgs:
 def chain_for(model, kv_cache: torch.Tensor, block_size: int, vocab_map: torch.Tensor | None) -> Chain | None:
     """The model's chain, or None where it cannot run: every projection on the kernels (the layers as the
     one-call forward takes them, the head and an EAGLE input projection KernelLinear), a dense token
-    embedding of the activations' dtype, no low-rank embedding, CPU tensors, the kernels built."""
+    embedding of the activations' dtype, no low-rank or scaled embedding, no logit softcapping (Llama's
+    layout, which every EAGLE draft has), CPU tensors, the kernels built."""
     embed = model.embed_tokens.weight
     entry = cpu_forward._entry(model)
     if not (kernels.available() and embed.device.type == "cpu" and embed.dtype in kernels.DTYPES
             and kv_cache.dtype == embed.dtype and entry.plan is not None and model.embed_proj is None
+            and model.embed_scale is None and not model.config.final_logit_softcapping
             and isinstance(model.lm_head, KernelLinear) and (model.fc is None or isinstance(model.fc, KernelLinear))
             and model.lm_head.bias_ptr is None and embed.is_contiguous() and kv_cache.is_contiguous()):
         return None
@@ -56,12 +58,12 @@ def chain_for(model, kv_cache: torch.Tensor, block_size: int, vocab_map: torch.T
         return cached[1]
     first, c = model.layers[0], model.config
     vmap = None if vocab_map is None else vocab_map.to(torch.int64).contiguous()
-    rope = model.rope.contiguous()
+    rope = model.ropes[0].contiguous()  # one table: the layers share one window (cpu_forward checks it)
     args = DraftArgs(embed.data_ptr(), _linear(model.fc) if model.fc is not None else LinearArgs(),
                      ctypes.addressof(entry.plan), len(entry.plan), model.norm.weight.data_ptr(), model.norm.eps,
                      _linear(model.lm_head), None if vmap is None else vmap.data_ptr(), rope.data_ptr(),
                      c.hidden_size, first.num_heads, first.num_kv_heads, first.head_dim,
-                     first.gate_up_proj.out_features // 2, block_size, c.sliding_window or 0,
+                     first.gate_up_proj.out_features // 2, block_size, first.sliding_window or 0,
                      kv_cache.data_ptr(), kv_cache[0, 0].numel() * kv_cache.element_size())
     chain = Chain(args, [entry, vmap, rope])
     model._cpu_draft = (key, chain)
