@@ -32,7 +32,8 @@ class LLM:
         return [final[i] for i in ids]
 
     def reset_prefix_cache(self) -> None:
-        """Forget every cached prompt prefix (vLLM's name), e.g. between benchmark runs of the same prompts."""
+        """Forget every cached prompt prefix (vLLM's name) and suffix decoding's cache of earlier outputs, e.g.
+        between benchmark runs of the same prompts."""
         self.engine.reset_prefix_cache()
 
     def chat(self, conversations: list[dict] | list[list[dict]],

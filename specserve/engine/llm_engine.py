@@ -180,8 +180,11 @@ class LLMEngine:
         self._free(seq)
 
     def reset_prefix_cache(self) -> None:
-        """Forget every cached prompt prefix (benchmarks that replay the same prompts start each run cold)."""
+        """Forget every cached prompt prefix, and the earlier outputs suffix decoding drafts from (benchmarks
+        that replay the same prompts start each run cold: a replayed reply would be drafted from its twin)."""
         self.scheduler.blocks.reset_cache()
+        if self.proposer is not None:
+            self.proposer.forget_outputs()
 
     def has_unfinished(self) -> bool:
         return bool(self.requests) or bool(self._aborted)

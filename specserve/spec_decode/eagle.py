@@ -59,7 +59,7 @@ class EagleProposer:
 
     def __init__(self, drafter: Drafter, features: TargetFeatures | None = None):
         self.drafter = drafter
-        self.runner, self.peek = drafter.runner, drafter.peek
+        self.runner, self.peek, self.forget_outputs = drafter.runner, drafter.peek, drafter.forget_outputs
         self.features = features or TargetFeatures(drafter.runner.num_blocks, drafter.runner.block_size)
 
     def propose(self, prefills: list[ScheduledSeq], decodes: list[ScheduledSeq], confidences=False):

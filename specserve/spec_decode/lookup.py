@@ -70,6 +70,9 @@ class NgramProposer:
     def on_commit(self, seq, num_committed: int) -> None:
         pass
 
+    def forget_outputs(self) -> None:
+        pass  # it looks into the request's own tokens only
+
     def reset(self, request_id: str) -> None:
         pass  # a hit depends on the tokens only, which preemption keeps
 

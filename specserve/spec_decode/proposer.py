@@ -10,6 +10,7 @@ Every proposer offers:
     propose(prefills, decodes, confidences) -> Proposal   drafts for the decodes, `max_drafts` each at most
     on_commit(seq, num_committed)          after verification: which of its cache rows stay valid
     reset(request_id)                      the request was preempted: its cache rows are gone
+    forget_outputs()                       forget what earlier requests left behind (suffix decoding's cache)
     free(request_id)                       the request finished or was aborted: forget it
 A proposer's per-request state (cache rows computed, lookup hits, EAGLE features) is its own, in tables
 keyed by request id; it reads a request's tokens and block table and writes nothing of the request.
@@ -173,6 +174,10 @@ class Drafter:
             if hit and hasattr(proposer, "confidences"):
                 proposal.confidences[i, :len(hit)] = torch.tensor(proposer.confidences(decodes[i].seq, len(hit)))
 
+    def forget_outputs(self) -> None:
+        for lookup in self.lookups:
+            lookup.forget_outputs()
+
     def reset(self, request_id: str) -> None:
         self.computed.pop(request_id, None)
 
@@ -263,7 +268,8 @@ class DraftModelProposer:
     def __init__(self, drafter: Drafter):
         self.drafter = drafter
         self.runner = drafter.runner
-        self.peek, self.reset, self.free = drafter.peek, drafter.reset, drafter.free
+        self.peek, self.reset, self.free, self.forget_outputs = (drafter.peek, drafter.reset, drafter.free,
+                                                                 drafter.forget_outputs)
 
     def propose(self, prefills: list[ScheduledSeq], decodes: list[ScheduledSeq], confidences=False) -> Proposal:
         return self.drafter.propose(decodes, confidences, self._catch_up(prefills))

@@ -109,6 +109,10 @@ class RoutedProposer:
     def on_commit(self, seq, num_committed: int) -> None:
         self.proposers[self.route(seq)].on_commit(seq, num_committed)
 
+    def forget_outputs(self) -> None:
+        for proposer in self.proposers:
+            proposer.forget_outputs()
+
     def reset(self, request_id: str) -> None:
         """Preempted: the draft's cache rows are gone, the choice of draft stays (it is the prompt's)."""
         if request_id in self.routes:

@@ -182,6 +182,10 @@ class SuffixProposer:
     def on_commit(self, seq, num_committed: int) -> None:
         pass
 
+    def forget_outputs(self) -> None:
+        """Empty the cache of earlier outputs (LLM.reset_prefix_cache)."""
+        self.cache = OutputCache(self.options.max_cached_requests, self.options.max_cached_tokens)
+
     def reset(self, request_id: str) -> None:
         pass  # a hit depends on the tokens only, which preemption keeps
 

@@ -75,3 +75,14 @@ def test_the_cache_keeps_at_most_max_tokens():
     for i in range(5):
         cache.add(arr([i] * 4))
     assert sum(map(len, cache.documents)) <= 10 and cache.documents[-1][0] == 4
+
+
+def test_reset_prefix_cache_forgets_earlier_outputs_too(tiny_target):
+    """A benchmark that replays a prompt must not draft its reply from the reply of the run before."""
+    from specserve import LLM, SamplingParams
+    llm = LLM(model=str(tiny_target), dtype="float32",
+              speculative_config={"method": "suffix", "num_speculative_tokens": 4})
+    llm.generate([[5, 6, 7, 8]], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
+    assert llm.engine.proposer.cache.documents
+    llm.reset_prefix_cache()
+    assert not llm.engine.proposer.cache.documents
