@@ -78,7 +78,6 @@ def build_engine(workload: str, threads: int, plain: bool = False, draft_quantiz
     from specserve import LLM
     dataset, draft, _, _ = WORKLOADS[workload]
     spec = None if plain else {"model": draft, "num_speculative_tokens": CEILING, "ngram_first": True,
-                               "suffix_first": True, "suffix_decoding_max_spec_factor": 4,
                                "quantization": draft_quantization}
     llm = LLM(model="smollm2-135m", num_threads=threads, max_num_seqs=64, max_num_batched_tokens=512,
               speculative_config=spec)

@@ -33,6 +33,8 @@ CONFIGS = {
     "ngram k=8": {"method": "ngram", "num_speculative_tokens": 8},
     "suffix k=8": {"method": "suffix", "num_speculative_tokens": 8},
     "default": json.loads(DEFAULT_SPECULATIVE),
+    # the server's default before suffix decoding, the Q8_0 drafts and the native draft chain
+    "default-2026-11": {"model": "default", "num_speculative_tokens": 4, "ngram_first": True, "policy": "adaptive"},
 }
 
 
@@ -68,7 +70,7 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=320)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated names of CONFIGS")
+    p.add_argument("--configs", default="none,ngram k=8,suffix k=8,default", help=f"comma-separated, of: {', '.join(CONFIGS)}")
     p.add_argument("--label", default=datetime.date.today().isoformat())
     args = p.parse_args()
     names = args.configs.split(",")

@@ -43,14 +43,14 @@ NGRAM = "ngram"  # the method, and the source name of prompt-lookup proposals (p
 SUFFIX = "suffix"  # the method, and the source name of suffix-decoding proposals (free too)
 FREE = (NGRAM, SUFFIX)  # proposals that cost no draft forward
 METHODS = ("draft_model", "eagle", NGRAM, SUFFIX)
-# The server's default: prompt lookup or suffix decoding where they find a match, the shipped EAGLE drafts
-# elsewhere (in Q8_0: the acceptance of bf16 at half the bytes, bench/results/spec_decode/2026-12-05-draft-
-# quantization.md), each request's draft length chosen every step by the adaptive policy, up to 4. Suffix
-# drafts may run 4 times the length of their match (vLLM's default is 1): on multi-turn code editing that
-# drafted 5.10 tokens a step at k = 8 where 1 drafted 4.84 (docs/experiments/speculation-that-pays.md).
+# The server's default: prompt lookup where it finds a match, the shipped EAGLE drafts elsewhere (in Q8_0:
+# the acceptance of bf16 at half the bytes, bench/results/spec_decode/2026-12-05-draft-quantization.md), each
+# request's draft length chosen every step by the adaptive policy, up to 4. Suffix decoding ("suffix_first")
+# is not in it: within lengths of 4 it drafted fewer accepted tokens a step than prompt lookup and cost host
+# time each step, on natural code, chat and multi-turn code editing alike
+# (docs/experiments/speculation-that-pays.md).
 DEFAULT_SPECULATIVE = ('{"model": "default", "num_speculative_tokens": 4, "ngram_first": true, '
-                       '"suffix_first": true, "suffix_decoding_max_spec_factor": 4, "quantization": "q8_0", '
-                       '"policy": "adaptive"}')
+                       '"quantization": "q8_0", "policy": "adaptive"}')
 DRAFT_QUANTIZATIONS = ("q8_0", "q4_0", "q4_1")  # model/quantize.py's at-load formats (CPU kernels)
 OFF = ("", "none", "null", "off")  # --speculative-config values that switch speculation off
 MAX_SPECULATIVE_TOKENS = 16  # verify queries stay in the "short" attention group (attention.SHORT_QUERY_MAX)

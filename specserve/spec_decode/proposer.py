@@ -31,8 +31,8 @@ class Drafter:
     """Batched autoregressive drafting with a small model: one forward per draft position for every request
     still drafting, the sampled token fed back on the device. Requests drop out at their planned length, known
     on the host: drafting reads nothing back from the device. With `lookups` (prompt lookup, suffix decoding:
-    free), a request takes a lookup's tokens where `choice` says they commit more per second than the model's
-    (choice.py), and the model drafts for the others."""
+    free), a request takes a lookup's hit where there is one (the better of two, choice.py), and the model
+    drafts for the others."""
 
     def __init__(self, runner, target_vocab_size: int, vocab_map: torch.Tensor | None, name: str,
                  lookups: list | None = None, choice: DraftChoice | None = None):
@@ -156,10 +156,8 @@ class Drafter:
         name, no tokens yet), decided once per step (peek, then propose with k no larger)."""
         memo = self.chosen.get(seq.request_id)
         if memo is None or memo[0] != len(seq.token_ids) or memo[1] < k:
-            offers = [(p.name, len(hit), getattr(p, "confidences", _none)(seq, len(hit)), 0)
-                      for p in self.lookups for hit in (p.hit(seq, k),)]
-            offers.append((self.name, k, None, self._first_rows(seq)))
-            pick = self.choice.pick(seq.request_id, len(seq.token_ids), offers)
+            offers = [(p.name, len(p.hit(seq, k))) for p in self.lookups] + [(self.name, k)]
+            pick = self.choice.pick(seq.request_id, offers)
             hit = self.lookups[pick].hit(seq, k) if pick < len(self.lookups) else []
             memo = self.chosen[seq.request_id] = (len(seq.token_ids), k, offers[pick][0], hit)
         return memo[2], memo[3]
@@ -290,6 +288,3 @@ class DraftModelProposer:
         computed = self.drafter.computed
         computed[seq.request_id] = min(computed.get(seq.request_id, 0), len(seq.token_ids) - 1)
 
-
-def _none(seq, n: int) -> None:
-    return None  # a lookup without confidences of its own (prompt lookup)

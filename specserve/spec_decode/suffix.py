@@ -15,6 +15,7 @@ token, narrowed one token further back at a time. Contexts are thousands of toke
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,6 +26,7 @@ from specserve.spec_decode.config import SUFFIX
 from specserve.spec_decode.lookup import lookup_proposal
 
 SEPARATOR = -1  # between documents of the cache: no match crosses it
+FEW = 64  # candidates few enough to compare all at once (and followers to count in Python)
 
 
 class Tokens:
@@ -52,17 +54,23 @@ def longest_match(haystack: np.ndarray, context: np.ndarray, max_depth: int) -> 
     a token, and the end (exclusive) of each such occurrence: haystack[end] is what followed it. (0, []) if
     the last token never occurs with a continuation."""
     ends = np.flatnonzero(haystack[:-1] == context[-1]) + 1  # candidates matching 1 token
-    m = 1
     if not len(ends):
         return 0, ends
-    limit = min(max_depth, len(context))
-    while m < limit:
+    m, limit = 1, min(max_depth, len(context))
+    while len(ends) > FEW and m < limit:  # a common suffix: narrow it a token at a time
         back = ends - m - 1  # the token one further back of each candidate
         ok = back >= 0
         ok[ok] = haystack[back[ok]] == context[-m - 1]
         if not ok.any():
-            break
+            return m, ends
         ends, m = ends[ok], m + 1
+    if m < limit:  # few candidates left: each one's match length in one pass
+        depth = np.arange(m, limit)
+        back = ends[:, None] - 1 - depth[None, :]  # [candidates, depths still to compare]
+        same = (back >= 0) & (haystack[np.maximum(back, 0)] == context[-1 - depth][None, :])
+        lengths = m + np.where(same.all(axis=1), len(depth), same.argmin(axis=1))
+        m = int(lengths.max())
+        ends = ends[lengths == m]
     return m, ends
 
 
@@ -78,12 +86,14 @@ def continue_match(sources: list[tuple[np.ndarray, np.ndarray]], limit: int, min
         allowed = allowed[allowed != SEPARATOR]
         if not len(allowed):
             break
-        values, counts = np.unique(allowed, return_counts=True)
-        best = int(counts.argmax())
-        p *= counts[best] / len(allowed)
+        if len(allowed) <= FEW:  # the usual case: a handful of occurrences, counted without numpy's sort
+            token, count = Counter(allowed.tolist()).most_common(1)[0]
+        else:
+            values, counts = np.unique(allowed, return_counts=True)
+            token, count = int(values[counts.argmax()]), int(counts.max())
+        p *= count / len(allowed)
         if p < min_prob:
             break
-        token = int(values[best])
         tokens.append(token)
         confidences.append(float(p))
         # The occurrences that continue with it, one token on (each haystack ends with a separator or is
@@ -111,6 +121,7 @@ class OutputCache:
         self.max_requests, self.max_tokens = max_requests, max_tokens
         self.documents: list[np.ndarray] = []
         self.haystack = np.full(1, SEPARATOR, dtype=np.int32)
+        self.version = 0  # changes with the haystack: occurrences found in an older one are void
 
     def add(self, tokens: np.ndarray) -> None:
         if not self.max_requests or not len(tokens):
@@ -120,6 +131,7 @@ class OutputCache:
         while len(self.documents) > self.max_requests or size > self.max_tokens:
             size -= len(self.documents.pop(0))
         self.haystack = np.concatenate([np.full(1, SEPARATOR, dtype=np.int32), *self.documents])
+        self.version += 1
 
 
 class SuffixProposer:
@@ -137,6 +149,7 @@ class SuffixProposer:
         self.prompt_lengths: dict[str, int] = {}
         self.cache = OutputCache(options.max_cached_requests, options.max_cached_tokens)
         self.hits: dict[str, tuple[int, int, list[int], list[float]]] = {}  # id -> (length, k, tokens, confidences)
+        self.matches: dict[str, tuple] = {}  # id -> (context length, match length, [(source, ends)], cache version)
 
     def propose(self, prefills: list[ScheduledSeq], decodes: list[ScheduledSeq], confidences=False) -> Proposal:
         found = [self.hit(s.seq, s.max_drafts) if s.max_drafts else [] for s in decodes]
@@ -170,14 +183,39 @@ class SuffixProposer:
         context = self.contexts.setdefault(seq.request_id, Tokens()).sync(seq.token_ids)
         if not len(context) or k <= 0:
             return [], []
-        depth = self.options.max_depth
-        found = [(hay, *longest_match(hay, context, depth)) for hay in (context, self.cache.haystack)]
-        m = max(length for _, length, _ in found)
+        m, sources = self._match(seq.request_id, context)
         if m == 0:
             return [], []
-        sources = [(hay, ends) for hay, length, ends in found if length == m]
         limit = min(k, max(1, int(self.options.spec_factor * m)))
         return continue_match(sources, limit, self.options.min_token_prob)
+
+    def _match(self, request_id: str, context: np.ndarray) -> tuple[int, list[tuple[np.ndarray, np.ndarray]]]:
+        """The longest match's length and its occurrences ((haystack, ends) of each haystack holding it). Where
+        the request's last match still holds after the tokens added since (the usual case while drafts are
+        accepted), its occurrences are carried forward, a few array operations instead of a search; any
+        match longer than the carried one would have been longer before too. Else both are searched."""
+        last = self.matches.get(request_id)
+        n, depth = len(context), self.options.max_depth
+        if last is not None and last[3] == self.cache.version and last[0] < n:
+            start, m, ends_by_source = last[0], last[1], last[2]
+            new = context[start:]
+            carried = []
+            for source, ends in ends_by_source:
+                hay = context if source == "own" else self.cache.haystack
+                for t in new:  # occurrences followed by each new token in turn
+                    ends = ends[ends < len(hay)]
+                    ends = ends[hay[ends] == t] + 1
+                carried.append((source, ends[ends < len(hay)]))
+            if any(len(ends) for _, ends in carried):
+                m = min(m + len(new), depth)
+                self.matches[request_id] = (n, m, carried, self.cache.version)
+                return m, [(context if s == "own" else self.cache.haystack, e) for s, e in carried if len(e)]
+        found = [(source, hay, *longest_match(hay, context, depth))
+                 for source, hay in (("own", context), ("cache", self.cache.haystack))]
+        m = max(length for _, _, length, _ in found)
+        best = [(source, ends) for source, _, length, ends in found if length == m and m > 0]
+        self.matches[request_id] = (n, m, best, self.cache.version)
+        return m, [(context if s == "own" else self.cache.haystack, e) for s, e in best]
 
     def on_commit(self, seq, num_committed: int) -> None:
         pass
@@ -185,6 +223,7 @@ class SuffixProposer:
     def forget_outputs(self) -> None:
         """Empty the cache of earlier outputs (LLM.reset_prefix_cache)."""
         self.cache = OutputCache(self.options.max_cached_requests, self.options.max_cached_tokens)
+        self.matches.clear()
 
     def reset(self, request_id: str) -> None:
         pass  # a hit depends on the tokens only, which preemption keeps
@@ -192,6 +231,7 @@ class SuffixProposer:
     def free(self, request_id: str) -> None:
         """The request finished (or was aborted): its output joins the cache of earlier outputs."""
         self.hits.pop(request_id, None)
+        self.matches.pop(request_id, None)
         context = self.contexts.pop(request_id, None)
         prompt = self.prompt_lengths.pop(request_id, None)
         if context is not None:

@@ -1,10 +1,10 @@
-"""Which proposer drafts a request (spec_decode/choice.py): the highest predicted tokens per second."""
+"""Which proposer drafts a request (spec_decode/choice.py): a free hit over the model; between free hits,
+the most expected accepted tokens."""
 import pytest
 
 from specserve.batch import DraftOutcome
 from specserve.spec_decode.choice import DraftChoice
 from specserve.spec_decode.predictors import SpeculationModels
-from tests.spec_decode.policy_fixtures import FixedCost
 
 
 def learned(rates: dict[str, float], k: int = 4, n: int = 400) -> SpeculationModels:
@@ -19,40 +19,34 @@ def learned(rates: dict[str, float], k: int = 4, n: int = 400) -> SpeculationMod
     return models
 
 
-def offers(suffix=3, ngram=3, model=4, confidences=None):
-    return [("suffix", suffix, confidences, 0), ("ngram", ngram, None, 0), ("code", model, None, 1)]
+def offers(suffix=3, ngram=3, model=4):
+    return [("suffix", suffix), ("ngram", ngram), ("code", model)]
 
 
-def test_without_models_the_first_hit_wins_and_the_model_drafts_where_none_hits():
-    choice = DraftChoice()
-    assert choice.pick("r", 100, offers()) == 0
-    assert choice.pick("r", 100, offers(suffix=0)) == 1
-    assert choice.pick("r", 100, offers(suffix=0, ngram=0)) == 2
+@pytest.mark.parametrize("models", [None, "learned"])
+def test_a_free_hit_wins_over_the_model_which_drafts_where_none_hits(models):
+    choice = DraftChoice(learned({"suffix": 0.1, "ngram": 0.1, "code": 0.9}) if models else None)
+    assert choice.pick("r", offers(ngram=0)) == 0
+    assert choice.pick("r", offers(suffix=0)) == 1
+    assert choice.pick("r", offers(suffix=0, ngram=0)) == 2
 
 
-@pytest.mark.parametrize("rates, want", [
-    ({"suffix": 0.9, "ngram": 0.3, "code": 0.5}, 0),   # suffix accepted most
-    ({"suffix": 0.2, "ngram": 0.8, "code": 0.5}, 1),   # lookup accepted most
-    ({"suffix": 0.2, "ngram": 0.2, "code": 0.9}, 2),   # the model's drafts are worth more than weak free hits
-    ({"suffix": 0.6, "ngram": 0.2, "code": 0.6}, 0),   # a tie with the model: the free draft
+@pytest.mark.parametrize("rates, lengths, want", [
+    ({"suffix": 0.9, "ngram": 0.3}, (3, 3), 0),   # suffix accepted most
+    ({"suffix": 0.2, "ngram": 0.8}, (3, 3), 1),   # lookup accepted most
+    ({"suffix": 0.6, "ngram": 0.6}, (3, 3), 0),   # a tie: the first listed
+    ({"suffix": 0.6, "ngram": 0.6}, (1, 4), 1),   # the same acceptance: the longer hit
 ])
-def test_without_a_cost_model_the_most_expected_tokens_win(rates, want):
-    assert DraftChoice(learned(rates)).pick("r", 100, offers(model=3)) == want
+def test_between_free_hits_the_most_expected_tokens_win(rates, lengths, want):
+    assert DraftChoice(learned(rates)).pick("r", offers(*lengths)) == want
 
 
-def test_with_a_cost_model_a_dear_model_draft_loses_to_a_weaker_free_one():
-    models = learned({"suffix": 0.5, "ngram": 0.2, "code": 0.8})
-    cheap, dear = FixedCost(0.010, 1e-5, 1e-5, ["code"]), FixedCost(0.010, 1e-5, 0.004, ["code"])
-    models.profile(lambda: cheap)
-    assert DraftChoice(models).pick("r", 100, offers()) == 2
-    models = learned({"suffix": 0.5, "ngram": 0.2, "code": 0.8})
-    models.profile(lambda: dear)  # each draft forward 40 % of a step
-    assert DraftChoice(models).pick("r", 100, offers()) == 0
-
-
-def test_a_suffix_draft_is_priced_by_its_own_confidences():
+def test_a_request_s_own_history_with_a_source_moves_the_choice():
     models = learned({"suffix": 0.5, "ngram": 0.5})
     choice = DraftChoice(models)
-    sure, unsure = [0.99, 0.98, 0.97], [0.3, 0.1, 0.02]
-    assert choice.pick("r", 100, offers(confidences=sure, model=0)) == 0
-    assert choice.pick("r", 100, offers(confidences=unsure, model=0)) == 1
+    for _ in range(20):  # r's suffix drafts are all accepted, its lookups rejected; t's the other way round
+        for request, accepted in (("r", "suffix"), ("t", "ngram")):
+            for source in ("suffix", "ngram"):
+                models.acceptance.observe(DraftOutcome(request, source, 3, 3 if source == accepted else 0, None))
+    assert choice.pick("r", offers()) == 0
+    assert choice.pick("t", offers()) == 1

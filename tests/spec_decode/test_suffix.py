@@ -86,3 +86,39 @@ def test_reset_prefix_cache_forgets_earlier_outputs_too(tiny_target):
     assert llm.engine.proposer.cache.documents
     llm.reset_prefix_cache()
     assert not llm.engine.proposer.cache.documents
+
+
+def naive_longest_match(haystack, context, depth):
+    best, ends = 0, []
+    for end in range(1, len(haystack)):  # an occurrence ending before `end`, with haystack[end] after it
+        m = 0
+        while m < min(depth, len(context)) and end - 1 - m >= 0 and haystack[end - 1 - m] == context[-1 - m]:
+            m += 1
+        if m and m > best:
+            best, ends = m, [end]
+        elif m and m == best:
+            ends.append(end)
+    return best, ends
+
+
+@pytest.mark.parametrize("alphabet, size", [(2, 300), (3, 120), (30, 400), (2, 40)])
+def test_longest_match_agrees_with_brute_force(alphabet, size):
+    rng = np.random.default_rng(alphabet * size)
+    for trial in range(40):  # few and many candidates, both narrowing paths
+        hay = rng.integers(0, alphabet, size).astype(np.int32)
+        context = np.concatenate([hay[:rng.integers(1, size)], rng.integers(0, alphabet, 3)]).astype(np.int32)
+        depth = int(rng.choice([3, 8, 64]))
+        m, ends = longest_match(hay, context, depth)
+        assert (m, list(ends)) == naive_longest_match(hay.tolist(), context.tolist(), depth), trial
+
+
+def test_a_match_carried_forward_drafts_what_a_fresh_search_drafts():
+    """While the context keeps following its match, the carried occurrences give the fresh search's draft."""
+    rng = np.random.default_rng(5)
+    code = rng.integers(100, 160, 80).tolist()  # a "file" with repeats inside (60 distinct tokens)
+    carried = SuffixProposer(SuffixOptions(max_cached_requests=0))
+    for n in range(5, 60, 3):  # the reply re-emits the file, a few tokens a step
+        s = seq("a", code + [1] + code[:n], 81)
+        fresh = SuffixProposer(SuffixOptions(max_cached_requests=0))
+        assert carried.hit(s, 8) == fresh.hit(s, 8), n
+        assert carried.confidences(s, 8) == fresh.confidences(s, 8)
