@@ -10,7 +10,7 @@ from specserve.model.tokenizer import Tokenizer
 from specserve.server.errors import APIError
 from specserve.server.protocol import ChatMessage
 from specserve.server.serving import render_chat
-from specserve.server.tools import Tools, hermes_messages
+from specserve.server.tools import CALL_JSON, Tools, hermes_messages
 from specserve.structured_output import GrammarCompiler
 
 WEATHER = {"type": "function", "function": {
@@ -99,6 +99,7 @@ def test_required_grammar_is_an_array_of_calls_each_matching_its_function(compil
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(bad, schema)
     assert _matches(compiler, guide, json.dumps(good))
+    assert not _matches(compiler, guide, json.dumps(good, indent=1))  # written as json.dumps writes it
     assert not _matches(compiler, guide, json.dumps(good[:1] + [{"name": "other", "parameters": {}}]))
     single = json.loads(Tools.from_request([WEATHER], "required", False).guide().json)
     assert single["maxItems"] == 1  # parallel_tool_calls: false
@@ -107,7 +108,8 @@ def test_required_grammar_is_an_array_of_calls_each_matching_its_function(compil
 def test_named_grammar_is_the_functions_parameters_closed_when_strict(compiler):
     strict = {"type": "function", "function": dict(WEATHER["function"], strict=True)}
     choice = {"type": "function", "function": {"name": "get_weather"}}
-    assert json.loads(Tools.from_request([WEATHER], choice, None).guide().json) == WEATHER["function"]["parameters"]
+    named = json.loads(Tools.from_request([WEATHER], choice, None).guide().json)
+    assert named == {"x-guidance": CALL_JSON, **WEATHER["function"]["parameters"]}
     closed = json.loads(Tools.from_request([strict], choice, None).guide().json)
     assert closed["additionalProperties"] is False
     assert _matches(compiler, Tools.from_request([strict], choice, None).guide(), '{"city": "Rome", "days": 3}')
