@@ -241,7 +241,7 @@ class Serving:
                                        bool(req.continue_final_message), req.template_kwargs())
         limit = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         self.bound.check(text, limit, "messages")
-        # The template already writes BOS and special tokens as text (Tokenizer.encode_chat).
+        # add_special_tokens (vLLM's) is off by default: the template already writes BOS and the like as text.
         ids = await limits.encode(tok, text, add_special_tokens=bool(req.add_special_tokens))
         params = req.to_sampling_params(len(ids), self.max_model_len, self.sampling_defaults)
         ids = await self._prepare(req, ids, params)

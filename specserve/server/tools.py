@@ -50,8 +50,8 @@ class Tools:
     def from_request(cls, tools: list | None, tool_choice, parallel: bool | None) -> "Tools | None":
         """Raises APIError (400) for what OpenAI's API would refuse or specserve cannot serve."""
         if not tools:
-            if tool_choice not in (None, "none"):
-                raise APIError(400, "tool_choice needs tools", "tool_choice")
+            if tool_choice not in (None, "none", "auto"):  # (auto: nothing to call, as frameworks send it)
+                raise APIError(400, f"tool_choice {tool_choice!r} needs tools", "tool_choice")
             return None
         functions = []
         for i, tool in enumerate(tools):
