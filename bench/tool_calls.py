@@ -5,12 +5,13 @@ match their schema on every sampled reply.
     python bench/tool_calls.py --name 2026-12-05      # ~20 min on 2 CPU cores
 
 Tools: the function schemas of JSONSchemaBench's Glaive rows (bench/data/jsonschemabench/glaive40.jsonl); request
-i offers function i and the next two (of the 40, cyclically) and asks for function i's job. Each choice, --samples
-requests at temperature 0.8 (seeds 0, 1, ...), --concurrency at a time:
-1. "required" and named (function i): every reply's calls must parse and validate against their function's schema
-   (the jsonschema library), or the reply must end with finish_reason "length" (cut by --max-tokens).
-2. "auto": how many replies call a tool by themselves, and whether those calls validate (no goal: the model's own
-   skill; the Hermes parser reads them).
+i offers function i and the next two (of the 40, cyclically) and asks for function i's job. Requests at temperature
+0.8 (seeds 0, 1, ...), --concurrency at a time:
+1. "required" and named (function i), --samples each: every reply's calls must parse and validate against their
+   function's schema (the jsonschema library), or the reply must end with finish_reason "length" (cut by
+   --max-tokens).
+2. "auto", --auto-samples: how many replies call a tool by themselves, and whether those calls validate (no goal:
+   the model's own skill; the Hermes parser reads them).
 Writes bench/results/tool_calls/<name>.json, prints a summary; exits 1 if a goal is missed.
 """
 from __future__ import annotations
@@ -47,7 +48,7 @@ def valid(name: str, arguments: str, schemas: dict) -> bool:
         return False
 
 
-async def sample(client, rows, choice: str, args) -> list[dict]:
+async def sample(client, rows, choice: str, samples: int, args) -> list[dict]:
     """One reply per request: its finish reason, calls and whether each validates."""
     schemas = {r["name"]: r["schema"] for r in rows}
     gate = asyncio.Semaphore(args.concurrency)
@@ -67,7 +68,7 @@ async def sample(client, rows, choice: str, args) -> list[dict]:
         return {"finish_reason": c.finish_reason, "calls": calls, "content": c.message.content,
                 "valid": [valid(n, a, schemas) for n, a in calls]}
 
-    return await asyncio.gather(*(one(i) for i in range(args.samples)))
+    return await asyncio.gather(*(one(i) for i in range(samples)))
 
 
 def summary(replies: list[dict]) -> dict:
@@ -82,13 +83,15 @@ def summary(replies: list[dict]) -> dict:
 async def measure(url: str, args) -> dict:
     rows = [json.loads(line) for line in SCHEMAS.read_text().splitlines()]
     async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=3600) as client:
-        return {choice: await sample(client, rows, choice, args) for choice in ("required", "named", "auto")}
+        return {choice: await sample(client, rows, choice, args.auto_samples if choice == "auto" else args.samples, args)
+                for choice in ("required", "named", "auto")}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--samples", type=int, default=200)
+    ap.add_argument("--samples", type=int, default=200, help="replies to required and named choices, each")
+    ap.add_argument("--auto-samples", type=int, default=50, help="replies to tool_choice auto")
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--server-args", default="", help="more `specserve serve` flags")

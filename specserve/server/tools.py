@@ -70,6 +70,9 @@ class Tools:
         if tool_choice is None:
             tool_choice = "auto"
         elif isinstance(tool_choice, dict):
+            if tool_choice.get("type") == "allowed_tools":
+                raise APIError(400, "tool_choice allowed_tools is not supported: send only the allowed functions as "
+                                    "tools, with tool_choice auto or required", "tool_choice")
             name = (tool_choice.get("function") or {}).get("name") if tool_choice.get("type") == "function" else None
             if name is None:
                 raise APIError(400, "tool_choice must be none, auto, required or {\"type\": \"function\", "
@@ -105,11 +108,15 @@ class Tools:
             schema["$defs"] = defs
         return _guide(schema)
 
-    def reply(self, parser_name: str, template: str | None) -> "ToolReply | None":
-        if self.choice == "none":
-            return None
-        parser = {"named": lambda: NamedParser(self.name), "required": RequiredParser}.get(
-            self.choice, lambda: choose_parser(parser_name, template))()
+    def reply(self, parser_name: str, template: str | None) -> "ToolReply":
+        """A choice's reader of calls (not for tool_choice none): the grammar's form, or the model's own
+        format as `--tool-call-parser` reads it, given the chat template."""
+        if self.choice == "named":
+            parser = NamedParser(self.name)
+        elif self.choice == "required":
+            parser = RequiredParser()
+        else:
+            parser = choose_parser(parser_name, template)
         return ToolReply(parser, self.parallel)
 
     def _function(self, name: str) -> dict:

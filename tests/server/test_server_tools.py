@@ -124,11 +124,12 @@ def test_a_conversation_with_calls_and_results_is_rendered_and_answered(client, 
     first = client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=[WEATHER], tool_choice=NAMED,
                                            max_tokens=80, temperature=0)
     call = first.choices[0].message.tool_calls[0]
-    messages = MESSAGES + [first.choices[0].message.model_dump(exclude_none=True),
+    messages = MESSAGES + [first.choices[0].message,  # the reply as the client returned it
                            {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"}]
     r = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER], max_tokens=8, temperature=0)
     assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
-    counted = httpx.post(spec_server.root + "/tokenize", json={"model": MODEL, "messages": messages, "tools": [WEATHER]})
+    as_json = [m if isinstance(m, dict) else m.model_dump(exclude_none=True) for m in messages]
+    counted = httpx.post(spec_server.root + "/tokenize", json={"model": MODEL, "messages": as_json, "tools": [WEATHER]})
     assert counted.json()["count"] == r.usage.prompt_tokens
     shown = httpx.post(spec_server.root + "/detokenize", json={"tokens": counted.json()["tokens"]}).json()["prompt"]
     made = json.dumps({"name": call.function.name, "arguments": json.loads(call.function.arguments)},
