@@ -17,9 +17,10 @@ def _token_str(value) -> str | None:
 
 class Tokenizer:
     def __init__(self, tokenizer: HFTokenizer, chat_template: str | None, special_tokens: dict[str, str],
-                 eos_token_ids: list[int]):
+                 eos_token_ids: list[int], tool_chat_template: str | None = None):
         self.hf = tokenizer
         self.chat_template = chat_template
+        self.tool_chat_template = tool_chat_template or chat_template  # for requests with tools
         self.special_tokens = special_tokens  # bos_token, eos_token, ... as the template sees them
         self.eos_token_ids = eos_token_ids
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
@@ -35,9 +36,10 @@ class Tokenizer:
             raise ModelLoadError(f"corrupt tokenizer file {path}: {e}") from None
         cfg_path = model_dir / "tokenizer_config.json"
         cfg = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
-        template = cfg.get("chat_template")
-        if isinstance(template, list):  # named templates: take the default one
-            template = next((t["template"] for t in template if t.get("name") == "default"), None)
+        template = tool_template = cfg.get("chat_template")
+        if isinstance(template, list):  # named templates: the default one, and Hermes' "tool_use" for tools
+            named = {t.get("name"): t.get("template") for t in template}
+            template, tool_template = named.get("default"), named.get("tool_use")
         jinja_file = model_dir / "chat_template.jinja"
         if template is None and jinja_file.exists():
             template = jinja_file.read_text()
@@ -47,7 +49,7 @@ class Tokenizer:
         if not eos and special.get("eos_token") is not None:
             eos_id = tok.token_to_id(special["eos_token"])
             eos = [eos_id] if eos_id is not None else []
-        return cls(tok, template, special, eos)
+        return cls(tok, template, special, eos, tool_template)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         # encode_batch gives the same ids and releases the GIL while it works (encode holds it throughout:
@@ -57,10 +59,18 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        if not self.chat_template:
+    def template_for(self, tools: bool) -> str | None:
+        """The chat template a conversation with (or without) tools is rendered with."""
+        return self.tool_chat_template if tools else self.chat_template
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            tools: list[dict] | None = None, **kwargs) -> str:
+        """`tools` (transformers' form) and `kwargs` reach the template as variables of those names."""
+        template = self.template_for(bool(tools))
+        if not template:
             raise InvalidRequestError("this model has no chat template; use the completions API")
-        return render_chat(self.chat_template, messages, add_generation_prompt, self.special_tokens)
+        return render_chat(template, messages, add_generation_prompt, self.special_tokens,
+                           **kwargs, **({"tools": tools} if tools else {}))
 
     def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
         # The template already writes BOS/special tokens as text; don't add them twice.

@@ -148,6 +148,8 @@ class Ingress:
         app.add_api_route("/health", self.health, methods=["GET"])
         app.add_api_route("/metrics", self.metrics, methods=["GET"])
         app.add_api_route("/v1/{rest:path}", self.forward, methods=["GET", "POST"])
+        for path in ("/tokenize", "/detokenize", "/version"):  # vLLM's, answered by any replica
+            app.add_api_route(path, self.forward, methods=["GET", "POST"])
         return app
 
     async def health(self):
@@ -167,7 +169,7 @@ class Ingress:
         return Response(merge(texts) + generate_latest(self.registry).decode(), media_type=CONTENT_TYPE_LATEST)
 
     # ---- the OpenAI API -----------------------------------------------------------------------
-    async def forward(self, rest: str, request: Request):
+    async def forward(self, request: Request, rest: str = ""):
         body = await read_body(request, self.settings.max_request_bytes)
         if body is None:
             return JSONResponse(error_body(413, f"the request body is larger than this server's limit of "

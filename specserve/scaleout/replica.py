@@ -70,7 +70,8 @@ class EngineReplica:
                                      stall_timeout=s.engine_stall_timeout)
         self.app = build_app(self.engine, list(s.served_model_names), s.api_key, s.max_queue,
                              max_request_bytes=s.max_request_bytes, timeout_read=s.timeout_read,
-                             sampling_defaults=resolve(s.generation_config, s.engine["model"])[0])
+                             sampling_defaults=resolve(s.generation_config, s.engine["model"])[0],
+                             tool_call_parser=s.tool_call_parser)
         self.engine.start()  # what the app's lifespan would do: the bridge calls the app without one
         self.recent = RecentLatency()
         self.engine.output_listeners.append(self.recent.on_output)

@@ -54,6 +54,7 @@ class ScaleoutSettings:
     timeout_keep_alive: float = 5.0
     engine_stall_timeout: float = 60.0
     generation_config: str = "auto"  # the replicas' sampling defaults (server/generation_config.py)
+    tool_call_parser: str = "auto"  # server/tool_parsers.py
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -121,7 +122,7 @@ class ScaleoutSettings:
                    gpus_per_replica=args.gpus_per_replica, drain_timeout=args.drain_timeout,
                    max_request_bytes=args.max_request_bytes, timeout_read=args.timeout_read,
                    timeout_keep_alive=args.timeout_keep_alive, engine_stall_timeout=args.engine_stall_timeout,
-                   generation_config=args.generation_config)
+                   generation_config=args.generation_config, tool_call_parser=args.tool_call_parser)
 
 
 def parse_session_fields(text: str | None) -> tuple[str, ...]:

@@ -1,7 +1,8 @@
-"""The FastAPI app: OpenAI routes, /health, /metrics, /openapi.json, API-key check, request body limits,
-queue limit and drain gate."""
+"""The FastAPI app: OpenAI routes, vLLM's /tokenize, /detokenize and /version, /health, /metrics,
+/openapi.json, API-key check, request body limits, queue limit and drain gate."""
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import time
@@ -16,10 +17,13 @@ from specserve.engine.async_engine import AsyncLLMEngine
 from specserve.server import generation_config, limits
 from specserve.server.errors import APIError, error_response, install_error_handlers
 from specserve.server.metrics import ServerMetrics
-from specserve.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingDefaults
+from specserve import __version__
+from specserve.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, SamplingDefaults,
+                                       TokenizeRequest)
 from specserve.server.serving import Serving
 
 GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
+TOKENIZER_PATHS = ("/tokenize", "/detokenize")  # vLLM's, outside /v1 but behind the API key as well
 
 
 @dataclass
@@ -31,9 +35,9 @@ class ServingState:
 
 class _Gate:
     """Pure ASGI middleware, so that it sees a streaming response through to its end (a FastAPI
-    dependency returns before the stream is sent): API key on /v1, body size and read-time limits,
-    refusal while draining, in-flight count. A generation request's body is read here, whole and within
-    the limits, before it counts as in flight: a slow or huge upload holds no queue slot."""
+    dependency returns before the stream is sent): API key on /v1 and the tokenizer routes, body size and
+    read-time limits, refusal while draining, in-flight count. A generation request's body is read here,
+    whole and within the limits, before it counts as in flight: a slow or huge upload holds no queue slot."""
 
     def __init__(self, app, state: ServingState, api_key: str | None, max_request_bytes: int,
                  timeout_read: float):
@@ -44,15 +48,17 @@ class _Gate:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path = scope["path"]
-        if self.api_key is not None and path.startswith("/v1") and not self._authorized(scope):
+        keyed = path.startswith("/v1") or path in TOKENIZER_PATHS
+        if self.api_key is not None and keyed and not self._authorized(scope):
             return await error_response(401, "Incorrect or missing API key: send `Authorization: Bearer <key>`",
                                         code="invalid_api_key",
                                         headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
         if self._declared_length(scope) > self.max_request_bytes:
             return await self._too_large()(scope, receive, send)
-        if not (scope["method"] == "POST" and path in GENERATION_PATHS):
+        generation = path in GENERATION_PATHS
+        if not (scope["method"] == "POST" and (generation or path in TOKENIZER_PATHS)):
             return await self.app(scope, receive, send)
-        if self.state.draining:
+        if generation and self.state.draining:
             return await error_response(503, "the server is shutting down and takes no new requests",
                                         headers={"Connection": "close"})(scope, receive, send)
         try:
@@ -64,6 +70,8 @@ class _Gate:
                                         code="request_timeout", headers={"Connection": "close"})(scope, receive, send)
         except limits.ClientGone:
             return
+        if not generation:
+            return await self.app(scope, limits.replay(body, receive), send)
         self.state.in_flight += 1
         try:
             await self.app(scope, limits.replay(body, receive), send)
@@ -97,10 +105,11 @@ class _Gate:
 def build_app(engine: AsyncLLMEngine, served_model_names: str | list[str], api_key: str | None = None,
               max_queue: int | None = None, max_request_bytes: int = limits.DEFAULT_MAX_REQUEST_BYTES,
               timeout_read: float = limits.DEFAULT_TIMEOUT_READ_S,
-              sampling_defaults: SamplingDefaults | None = None) -> FastAPI:
+              sampling_defaults: SamplingDefaults | None = None, tool_call_parser: str = "auto") -> FastAPI:
     """`max_queue`: requests allowed to wait beyond the `max_num_seqs` that run; more get 429 (None: no limit).
     `max_request_bytes`: larger bodies get 413. `timeout_read`: seconds a body may take to arrive (408).
-    `sampling_defaults`: for fields a request omits; None: the model's own (--generation-config auto)."""
+    `sampling_defaults`: for fields a request omits; None: the model's own (--generation-config auto).
+    `tool_call_parser`: how tool calls are read out of replies (server/tool_parsers.py)."""
     if sampling_defaults is None:
         sampling_defaults, why = generation_config.resolve("auto", engine.info.config.model)
         logging.getLogger("specserve.server").info(why)
@@ -118,7 +127,7 @@ def build_app(engine: AsyncLLMEngine, served_model_names: str | list[str], api_k
             raise APIError(429, f"the server's queue is full ({capacity} requests in flight); retry later",
                            code="queue_full")
 
-    serving = Serving(engine, names, admit, state.active, sampling_defaults)
+    serving = Serving(engine, names, admit, state.active, sampling_defaults, tool_call_parser)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -171,5 +180,17 @@ def build_app(engine: AsyncLLMEngine, served_model_names: str | list[str], api_k
     @app.post("/v1/chat/completions")
     async def chat(req: ChatCompletionRequest, raw: Request):
         return await serving.chat(req, raw)
+
+    @app.post("/tokenize")
+    async def tokenize(req: TokenizeRequest):
+        return await serving.tokenize(req)
+
+    @app.post("/detokenize")
+    async def detokenize(req: DetokenizeRequest):
+        return await asyncio.to_thread(serving.detokenize, req)
+
+    @app.get("/version")
+    async def version():
+        return {"version": __version__}
 
     return app

@@ -8,6 +8,7 @@ from specserve.engine.args import add_engine_args
 from specserve.engine.config import SERVER_MAX_NUM_BATCHED_TOKENS
 from specserve.scaleout.args import add_scaleout_args
 from specserve.server.limits import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_TIMEOUT_READ_S
+from specserve.server.tool_parsers import PARSER_NAMES
 from specserve.spec_decode.config import speculative_choice
 
 API_KEY_ENV = "SPECSERVE_API_KEY"
@@ -58,6 +59,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="engine deaths (a crash, the OOM killer, a step hung past --engine-stall-timeout) "
                         "survived within 10 minutes by starting a new engine process; one more and the server "
                         "exits non-zero. 0: exit at the first death, as vLLM does (default: %(default)s)")
+    g.add_argument("--tool-call-parser", choices=PARSER_NAMES, default="auto",
+                   help="the format tool calls are read from in replies to requests with tools and tool_choice "
+                        "auto: hermes (<tool_call> JSON blocks: Hermes, Qwen, and specserve's default tool prompt), "
+                        "llama3_json (Llama 3.1/3.2's JSON); auto: llama3_json when the chat template writes "
+                        "Llama's <|python_tag|>, else hermes (default: %(default)s)")
+    g.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help="accepted for vLLM's command lines: tool_choice auto is always served here")
     g.add_argument("--engine-thread", action="store_true",
                    help="run the engine on a thread of the server process instead of a process of its own "
                         "(the HTTP side then competes with the step loop for the GIL and the cores)")
@@ -113,7 +121,7 @@ def _serve(args) -> int:
                                 process=not args.engine_thread, max_restarts=args.engine_restarts)
         app = build_app(engine, args.served_model_name or [args.model], args.api_key or os.environ.get(API_KEY_ENV),
                         args.max_queue, max_request_bytes=args.max_request_bytes, timeout_read=args.timeout_read,
-                        sampling_defaults=sampling_defaults)
+                        sampling_defaults=sampling_defaults, tool_call_parser=args.tool_call_parser)
         launch.run(app, engine, sock, args.drain_timeout, access_log=not args.disable_access_log,
                    timeout_keep_alive=args.timeout_keep_alive, timeout_read=args.timeout_read)
     finally:

@@ -22,12 +22,15 @@ from specserve.seeding import SEED_MAX, SEED_MIN
 from specserve.structured_output import StructuredOutputsParams, closed
 from specserve.errors import InvalidRequestError
 from specserve.server.errors import APIError
+from specserve.server.tools import Tools
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for the legacy completions API
 MAX_TEMPERATURE = 2.0  # OpenAI's range is [0, 2]
 MAX_N = 16  # choices per request: each is a request of its own in the engine
 MAX_STOP_STRINGS = 64  # each is searched for after every token: a long list would slow every step
-CHAT_ROLES = ("system", "developer", "user", "assistant")
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+# chat_template_kwargs that would replace what the server hands the template itself
+_TEMPLATE_VARIABLES = ("messages", "tools", "add_generation_prompt")
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -40,23 +43,41 @@ def _unset(value) -> bool:
     return value is None or value is False or value == [] or value == {} or value == ""
 
 
-# Fields of OpenAI's or vLLM's APIs that change the output and that this server does not implement, with
-# the values that are harmless (they ask for the default behaviour). Others are refused with a 400.
+# Fields of OpenAI's or vLLM's APIs that change the output and that this server does not implement: the values
+# that are harmless (they ask for the default behaviour), and what to do instead. Others are refused with a 400.
 _COMMON_UNSUPPORTED = {
-    "min_p": lambda v: _unset(v) or v == 0, "typical_p": lambda v: _unset(v) or v == 1,
-    "length_penalty": lambda v: _unset(v) or v == 1, "use_beam_search": _unset,
-    "allowed_token_ids": _unset, "bad_words": _unset, "include_stop_str_in_output": _unset,
-    "truncate_prompt_tokens": _unset, "logits_processors": _unset,
+    "min_p": (lambda v: _unset(v) or v == 0, "use top_p or top_k"),
+    "typical_p": (lambda v: _unset(v) or v == 1, "use top_p or top_k"),
+    "length_penalty": (lambda v: _unset(v) or v == 1, "there is no beam search; sample n choices instead"),
+    "use_beam_search": (_unset, "there is no beam search; sample n choices instead"),
+    "logit_bias": (_unset, "restrict the output with structured_outputs (a choice, regex or grammar) instead"),
+    "allowed_token_ids": (_unset, "restrict the output with structured_outputs (a choice, regex or grammar)"),
+    "bad_words": (_unset, "restrict the output with structured_outputs (a regex or grammar)"),
+    "truncate_prompt_tokens": (_unset, "shorten the prompt yourself (POST /tokenize counts its tokens)"),
+    "logits_processors": (_unset, "this server runs no custom logits processors"),
+    "priority": (lambda v: _unset(v) or v == 0, "send slo_ttft_ms: the scheduler admits by time-to-first-token "
+                                                 "deadline"),
+    "spaces_between_special_tokens": (lambda v: v is None or v is True, "omit it"),
+    "guided_whitespace_pattern": (_unset, "omit it: JSON whitespace is a space or a newline and up to 20 "
+                                          "spaces of indentation"),
+    "structural_tag": (_unset, "send structured_outputs.grammar (a Lark grammar) instead"),
+    "moderation": (_unset, "this server does not moderate; omit it"),
 }
 UNSUPPORTED_FIELDS = {
-    "completions": _COMMON_UNSUPPORTED,
+    "completions": dict(_COMMON_UNSUPPORTED,
+                        prompt_embeds=(_unset, "send the prompt as text or token ids")),
     "chat": dict(_COMMON_UNSUPPORTED,
-                 functions=_unset,  # the legacy form of tools
-                 function_call=lambda v: _unset(v) or v in ("none", "auto"),
-                 tool_choice=lambda v: _unset(v) or v in ("none", "auto"),
-                 audio=_unset, modalities=lambda v: _unset(v) or v == ["text"], web_search_options=_unset,
-                 echo=_unset, continue_final_message=_unset, chat_template=_unset, chat_template_kwargs=_unset,
-                 documents=_unset),
+                 functions=(_unset, "send tools instead: each function as {\"type\": \"function\", "
+                                    "\"function\": {...}}"),
+                 function_call=(lambda v: _unset(v) or v in ("none", "auto"), "send tool_choice instead"),
+                 audio=(_unset, "this server generates text only"),
+                 modalities=(lambda v: _unset(v) or v == ["text"], "this server generates text only"),
+                 web_search_options=(_unset, "this server does not search the web; give the model a search "
+                                             "function in tools"),
+                 echo=(_unset, "use /v1/completions with echo"),
+                 chat_template=(_unset, "per-request templates are refused (as vLLM refuses them by default): "
+                                        "the model's own template renders the messages"),
+                 documents=(_unset, "put the documents in a message's content")),
 }
 
 
@@ -126,6 +147,29 @@ class ChatMessage(_Open):
     role: str
     content: str | list[ContentPart] | None = None
 
+    def check(self, i: int) -> None:
+        """Raises APIError (400) for a message this server cannot render."""
+        if self.role == "function":
+            raise APIError(400, "messages with role 'function' (the legacy form) are not supported: send a "
+                                "message with role 'tool' and the call's tool_call_id", f"messages.{i}.role")
+        if self.role not in CHAT_ROLES:
+            raise APIError(400, f"unknown role {self.role!r}; expected one of {', '.join(CHAT_ROLES)}",
+                           f"messages.{i}.role")
+        extra = self.model_extra or {}
+        if not _unset(extra.get("function_call")):
+            raise APIError(400, "function_call in messages (the legacy form) is not supported: send tool_calls",
+                           f"messages.{i}.function_call")
+        calls = extra.get("tool_calls")
+        if _unset(calls):
+            return
+        if self.role != "assistant" or not isinstance(calls, list):
+            raise APIError(400, "tool_calls belong in assistant messages, as a list", f"messages.{i}.tool_calls")
+        for j, call in enumerate(calls):
+            f = call.get("function") if isinstance(call, dict) else None
+            if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not _json_object(f.get("arguments")):
+                raise APIError(400, "a tool call is {\"id\", \"type\": \"function\", \"function\": {\"name\", "
+                                    "\"arguments\": the text of a JSON object}}", f"messages.{i}.tool_calls.{j}")
+
     def as_template_input(self) -> dict:
         """The message as a chat template expects it: text content as one string."""
         content = self.content
@@ -142,7 +186,50 @@ class ChatMessage(_Open):
         return out
 
 
-class _SamplingRequest(_Open):
+def check_messages(messages: list[ChatMessage], add_generation_prompt: bool | None,
+                   continue_final_message: bool | None, template_kwargs: dict | None) -> None:
+    """Raises APIError (400) for a conversation this server cannot render as asked."""
+    for name in _TEMPLATE_VARIABLES:
+        if name in (template_kwargs or {}):
+            raise APIError(400, f"chat_template_kwargs may not set {name!r}: send the request's own field",
+                           "chat_template_kwargs")
+    if not messages:
+        raise APIError(400, "messages must not be empty", "messages")
+    for i, m in enumerate(messages):
+        m.check(i)
+    if continue_final_message:
+        if add_generation_prompt is not False:
+            raise APIError(400, "continue_final_message needs add_generation_prompt: false (the reply continues the "
+                                "last message instead of starting a new one)", "continue_final_message")
+        if messages[-1].role != "assistant":
+            raise APIError(400, "continue_final_message continues the last message, which must be the "
+                                "assistant's", "continue_final_message")
+
+
+def _json_object(arguments) -> bool:
+    """Whether a tool call's arguments are a JSON object's text (or empty: no arguments)."""
+    if arguments in (None, ""):
+        return True
+    try:
+        return isinstance(arguments, str) and isinstance(json.loads(arguments), dict)
+    except ValueError:
+        return False
+
+
+class _Body(_Open):
+    """A request body: its text must be valid Unicode."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data):
+        where = _find_surrogate(data, "")
+        if where is not None:
+            raise PydanticCustomError("lone_surrogate", "text holds a lone UTF-16 surrogate (such as \\ud800), "
+                                      "which is not valid Unicode", {"where": where})
+        return data
+
+
+class _SamplingRequest(_Body):
     _api = "completions"  # which UNSUPPORTED_FIELDS apply
     _structured_field: str | None = None  # the field that set the structured output (for error messages)
 
@@ -157,7 +244,6 @@ class _SamplingRequest(_Open):
     stream_options: StreamOptions | None = None
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
-    logit_bias: dict[str, float] | None = None
     # vLLM's extensions (the benchmark client sends ignore_eos)
     top_k: int | None = None
     min_tokens: int | None = None
@@ -167,6 +253,8 @@ class _SamplingRequest(_Open):
     repetition_penalty: float | None = Field(None, gt=0, le=MAX_REPETITION_PENALTY)
     cache_salt: str | None = Field(None, min_length=1)  # only requests with the same salt share cached prefixes
     prompt_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)  # vLLM's: each prompt token's log-probability
+    include_stop_str_in_output: bool | None = False  # vLLM's: the stop string that ended the output, kept
+    return_tokens_as_token_ids: bool | None = False  # vLLM's: logprobs name tokens as "token_id:{id}"
     # Structured output: OpenAI's response_format, vLLM's structured_outputs and its older guided_* fields
     response_format: dict | None = None
     structured_outputs: dict | None = None
@@ -178,15 +266,6 @@ class _SamplingRequest(_Open):
     slo_tpot_ms: float | None = None
     slo_ttft_ms: float | None = None
 
-    @model_validator(mode="before")
-    @classmethod
-    def _valid_unicode(cls, data):
-        where = _find_surrogate(data, "")
-        if where is not None:
-            raise PydanticCustomError("lone_surrogate", "text holds a lone UTF-16 surrogate (such as \\ud800), "
-                                      "which is not valid Unicode", {"where": where})
-        return data
-
     @property
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
@@ -194,16 +273,17 @@ class _SamplingRequest(_Open):
     def check_supported(self) -> None:
         if self.n is not None and not 1 <= self.n <= MAX_N:
             raise APIError(400, f"n must be in [1, {MAX_N}], got {self.n}", "n")
-        if self.logit_bias:
-            raise APIError(400, "logit_bias is not supported", "logit_bias")
         if self.stream_options is not None and not self.stream:
             raise APIError(400, "stream_options is only allowed when stream is true", "stream_options")
         if isinstance(self.stop, list) and len(self.stop) > MAX_STOP_STRINGS:
             raise APIError(400, f"at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(self.stop)}", "stop")
-        harmless = UNSUPPORTED_FIELDS[self._api]
+        if self.stream_options is not None and (self.stream_options.model_extra or {}).get("continuous_usage_stats"):
+            raise APIError(400, "stream_options.continuous_usage_stats is not supported: with include_usage the "
+                                "usage comes in the last chunk", "stream_options")
+        unsupported = UNSUPPORTED_FIELDS[self._api]
         for name, value in (self.model_extra or {}).items():
-            if name in harmless and not harmless[name](value):
-                raise APIError(400, f"{name} is not supported by this server (omit it, or send its default)", name)
+            if name in unsupported and not unsupported[name][0](value):
+                raise APIError(400, f"{name} is not supported by this server: {unsupported[name][1]}", name)
 
     def sampling_params(self, max_tokens: int, logprobs: bool, defaults: SamplingDefaults,
                         top_logprobs: int = 0) -> SamplingParams:
@@ -300,26 +380,28 @@ class CompletionRequest(_SamplingRequest):
     echo: bool | None = False
     suffix: str | None = None
     best_of: int | None = None
+    add_special_tokens: bool | None = True  # vLLM's: the tokenizer's BOS (and the like) before a text prompt
 
     def check_supported(self) -> None:
         super().check_supported()
         if self.suffix:
-            raise APIError(400, "suffix is not supported", "suffix")
+            raise APIError(400, "suffix (fill-in-the-middle) is not supported: write the prompt in the model's "
+                                "own fill-in-the-middle format instead", "suffix")
         if self.best_of not in (None, 1):
             raise APIError(400, "best_of is not supported (OpenAI and vLLM deprecated it): send n for several "
                                 "choices and pick among them", "best_of")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
             raise APIError(400, f"logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs}", "logprobs")
 
-    def single_prompt(self) -> str | list[int]:
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts: one text or token-id list, or a list of them (choices i*n to i*n + n - 1 are prompt i's,
+        as OpenAI numbers them)."""
         p = self.prompt
-        if isinstance(p, list) and p and not isinstance(p[0], int):
-            if len(p) != 1:
-                raise APIError(400, f"got {len(p)} prompts; this server takes one prompt per request", "prompt")
-            p = p[0]
-        if not p:
-            raise APIError(400, "the prompt is empty", "prompt")
-        return p
+        prompts = list(p) if isinstance(p, list) and p and not isinstance(p[0], int) else [p]
+        for i, q in enumerate(prompts):
+            if not q:
+                raise APIError(400, "the prompt is empty" if len(prompts) == 1 else f"prompt {i} is empty", "prompt")
+        return prompts
 
     def to_sampling_params(self, defaults: SamplingDefaults = SERVER_DEFAULTS) -> SamplingParams:
         max_tokens = defaults.limit(COMPLETION_DEFAULT_MAX_TOKENS) if self.max_tokens is None else self.max_tokens
@@ -337,7 +419,15 @@ class ChatCompletionRequest(_SamplingRequest):
     logprobs: bool | None = False
     top_logprobs: int | None = None
     tools: list[Any] | None = None
-    add_generation_prompt: bool | None = True  # vLLM's extension
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: bool | None = None
+    reasoning_effort: str | None = None  # reaches the chat template, as in vLLM (templates that read it)
+    # vLLM's extensions
+    add_generation_prompt: bool | None = True
+    continue_final_message: bool | None = False
+    add_special_tokens: bool | None = False  # the template writes BOS and the like itself
+    chat_template_kwargs: dict[str, Any] | None = None
+    _tools: Tools | None = None
 
     def check_supported(self) -> None:
         super().check_supported()
@@ -346,24 +436,34 @@ class ChatCompletionRequest(_SamplingRequest):
                            "top_logprobs")
         if self.top_logprobs and not self.logprobs:
             raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
-        if self.tools:
-            raise APIError(400, "tools are not supported", "tools")
-        if not self.messages:
-            raise APIError(400, "messages must not be empty", "messages")
-        for i, m in enumerate(self.messages):
-            if m.role in ("tool", "function"):
-                raise APIError(400, f"messages with role {m.role!r} are not supported: this server has no tool "
-                                    "calling", f"messages.{i}.role")
-            if m.role not in CHAT_ROLES:
-                raise APIError(400, f"unknown role {m.role!r}; expected one of {', '.join(CHAT_ROLES)}",
-                               f"messages.{i}.role")
-            for name in ("tool_calls", "function_call"):
-                if not _unset((m.model_extra or {}).get(name)):
-                    raise APIError(400, f"{name} in messages is not supported: this server has no tool calling",
-                                   f"messages.{i}.{name}")
+        check_messages(self.messages, self.add_generation_prompt, self.continue_final_message,
+                       self.chat_template_kwargs)
+        self._tools = Tools.from_request(self.tools, self.tool_choice, self.parallel_tool_calls)
 
-    def template_messages(self) -> list[dict]:
-        return [m.as_template_input() for m in self.messages]
+    @property
+    def tool_spec(self) -> Tools | None:
+        """The request's tools and tool choice (after check_supported)."""
+        return self._tools
+
+    def template_kwargs(self) -> dict:
+        """What the chat template gets besides the messages and tools."""
+        extra = {"reasoning_effort": self.reasoning_effort} if self.reasoning_effort is not None else {}
+        return {**extra, **(self.chat_template_kwargs or {})}
+
+    def structured_output(self) -> StructuredOutputsParams | None:
+        """The request's own structured output, or for tool_choice "required" or a named function the grammar
+        of its tool calls (the two cannot be combined)."""
+        own = super().structured_output()
+        tools = self._tools
+        guide = tools.guide() if tools is not None else None
+        if guide is None:
+            return own
+        if own is not None:
+            raise APIError(400, f"{self.structured_field} cannot be combined with tool_choice "
+                                f"{tools.choice!r}: the tool call's arguments follow the function's schema",
+                           "tool_choice")
+        self._structured_field = "tools"
+        return guide
 
     def to_sampling_params(self, prompt_len: int, max_model_len: int,
                            defaults: SamplingDefaults = SERVER_DEFAULTS) -> SamplingParams:
@@ -376,3 +476,29 @@ class ChatCompletionRequest(_SamplingRequest):
                                     "of the messages.", "messages")
             limit = defaults.limit(max_model_len - prompt_len)
         return self.sampling_params(limit, bool(self.logprobs), defaults, self.top_logprobs or 0)
+
+
+class TokenizeRequest(_Body):
+    """vLLM's POST /tokenize: a prompt, or chat messages (with their tools) as the chat template renders them."""
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool | None = None  # default: true for a prompt, false for messages (as the APIs do)
+    add_generation_prompt: bool | None = True
+    continue_final_message: bool | None = False
+    tools: list[Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    return_token_strs: bool | None = False
+
+    def check(self) -> None:
+        if (self.prompt is None) == (self.messages is None):
+            raise APIError(400, "send either prompt or messages", "prompt")
+        if self.messages is not None:
+            check_messages(self.messages, self.add_generation_prompt, self.continue_final_message,
+                           self.chat_template_kwargs)
+
+
+class DetokenizeRequest(_Body):
+    """vLLM's POST /detokenize."""
+    model: str | None = None
+    tokens: list[int]

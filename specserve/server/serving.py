@@ -24,7 +24,10 @@ from specserve.engine.sequence import SpecStats
 from specserve.errors import SpecServeError
 from specserve.server import limits
 from specserve.server.errors import APIError, error_body, from_exception
-from specserve.server.protocol import SERVER_DEFAULTS, ChatCompletionRequest, CompletionRequest, SamplingDefaults
+from specserve.model.chat_template import reads_variable
+from specserve.server.protocol import (SERVER_DEFAULTS, ChatCompletionRequest, ChatMessage, CompletionRequest,
+                                       DetokenizeRequest, SamplingDefaults, TokenizeRequest)
+from specserve.server.tools import ToolReply, Tools, template_messages
 from specserve.structured_output import InvalidGrammarError
 
 
@@ -35,9 +38,9 @@ def sse(payload: dict | str) -> str:
     return f"data: {payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
-def usage(*outs: RequestOutput) -> dict:
-    """OpenAI's usage of a response: the prompt counted once, every choice's tokens."""
-    p, c = outs[0].num_prompt_tokens, sum(o.num_output_tokens for o in outs)
+def usage(outs: list[RequestOutput], n: int) -> dict:
+    """OpenAI's usage of a response (`n` choices per prompt): each prompt counted once, every choice's tokens."""
+    p, c = sum(o.num_prompt_tokens for o in outs[::n]), sum(o.num_output_tokens for o in outs)
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
 
@@ -59,11 +62,15 @@ def choice_params(params, i: int):
 
 @dataclass
 class _Format:
-    """What differs between the completions and chat APIs: names, where text goes, logprob shape; and a
-    completion's echoed prompt (its text and token ids)."""
+    """What differs between the completions and chat APIs: names, where text goes, logprob shape; a
+    completion's echoed prompts (each choice's prompt text and token ids); a chat's tool calls (each choice's
+    ToolReply); and vLLM's output options."""
     chat: bool
     tokenizer: object
-    echo: tuple[str, list[int]] | None = None
+    echo: list[tuple[str, list[int]]] | None = None
+    replies: list[ToolReply] | None = None
+    include_stop: bool = False   # include_stop_str_in_output
+    token_ids_as_text: bool = False  # return_tokens_as_token_ids
 
     @property
     def prefix(self) -> str:
@@ -97,15 +104,16 @@ class _Format:
                                  for s, lp, top in zip(tokens, lps, tops)],
                 "text_offset": offsets}, offset
 
-    def echoed(self, text: str, ids: list[int], lps: list | None, tops: list | None, prompt_logprobs: list | None,
-               n: int) -> tuple[str, list[int], list | None, list | None]:
+    def echoed(self, i: int, text: str, ids: list[int], lps: list | None, tops: list | None,
+               prompt_logprobs: list | None, n: int) -> tuple[str, list[int], list | None, list | None]:
         """The prompt (OpenAI's echo), then the completion's text, tokens and their logprobs and top-n lists
         (None for the prompt's first token), the prompt's from the engine's prompt logprobs (computed when the
         request asked for logprobs; lps stays None when it did not)."""
-        text, ids = self.echo[0] + text, self.echo[1] + ids
+        echo_text, echo_ids = self.echo[i]
+        text, ids = echo_text + text, echo_ids + ids
         if lps is None or prompt_logprobs is None:
             return text, ids, lps, tops
-        e_lps = [None if e is None else e[t][0] for t, e in zip(self.echo[1], prompt_logprobs)]
+        e_lps = [None if e is None else e[t][0] for t, e in zip(echo_ids, prompt_logprobs)]
         e_tops = [[] if e is None else [(t, lp) for t, (lp, rank) in sorted(e.items(), key=lambda x: x[1][1])
                                         if rank <= n] for e in prompt_logprobs]
         return text, ids, e_lps + lps, e_tops + (tops or [[] for _ in lps])
@@ -116,16 +124,28 @@ class _Format:
                                         for t, (lp, rank) in e.items()} for e in entries]
 
     def _text(self, token_id: int) -> str:
+        if self.token_ids_as_text:
+            return f"token_id:{token_id}"
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
+    def ending(self, out: RequestOutput) -> str:
+        """What a finished output's text ends with beyond the engine's: the stop string that ended it, if the
+        request keeps it."""
+        return out.stop_reason if self.include_stop and isinstance(out.stop_reason, str) else ""
+
     def choice(self, text: str, logprobs, finish_reason, stop_reason, chunk: bool, index: int = 0) -> dict:
+        """Choice `index`: its whole text, or (chunk) the text new since its previous chunk; a chat's tool
+        calls taken out of it."""
         c: dict = {"index": index}
+        reply = self.replies[index] if self.replies else None
         if self.chat and chunk:
-            c["delta"] = {"content": text} if text else {}
+            c["delta"] = reply.delta(text, finish_reason is not None) if reply else ({"content": text} if text else {})
         elif self.chat:
-            c["message"] = {"role": "assistant", "content": text}
+            c["message"] = reply.message(text) if reply else {"role": "assistant", "content": text}
         else:
             c["text"] = text
+        if finish_reason == "stop" and reply is not None and (reply.called if chunk else "tool_calls" in c["message"]):
+            finish_reason = "tool_calls"
         c.update(logprobs=logprobs, finish_reason=finish_reason, stop_reason=stop_reason)
         return c
 
@@ -149,21 +169,37 @@ async def _after(gen, prefilled: asyncio.Event):
             yield out
 
 
-def _render_chat(tokenizer, messages: list[dict], add_generation_prompt: bool) -> str:
-    """The chat template's text. It sees only what the client sent, so any failure in it is a 400."""
+def render_chat(tokenizer, messages: list[ChatMessage], tools: Tools | None, add_generation_prompt: bool,
+                continue_final_message: bool = False, template_kwargs: dict | None = None) -> str:
+    """The chat template's text of a conversation (tools.py: with its tools). It sees only what the client
+    sent, so any failure in it is a 400. `continue_final_message`: the text ends where the last message's does,
+    so that the reply continues it (transformers' rule)."""
+    inputs = [m.as_template_input() for m in messages]
+    template = tokenizer.template_for(bool(tools))
+    inputs, template_tools = template_messages(inputs, tools, bool(template) and reads_variable(template, "tools"))
     try:
-        return tokenizer.apply_chat_template(messages, add_generation_prompt)
+        text = tokenizer.apply_chat_template(inputs, add_generation_prompt, tools=template_tools,
+                                             **(template_kwargs or {}))
     except SpecServeError:
         raise
     except Exception as e:
         raise APIError(400, f"the chat template cannot render these messages: {type(e).__name__}: {e}",
                        "messages") from None
+    if continue_final_message:
+        last = inputs[-1]["content"].strip()
+        at = text.rfind(last) if last else -1
+        if at < 0:
+            raise APIError(400, "continue_final_message: the chat template does not write the last message's text "
+                                "as it is", "continue_final_message")
+        text = text[:at + len(last)]
+    return text
 
 
 class Serving:
     def __init__(self, engine: AsyncLLMEngine, model_names: list[str], admit, active: set[str],
-                 sampling_defaults: SamplingDefaults = SERVER_DEFAULTS):
+                 sampling_defaults: SamplingDefaults = SERVER_DEFAULTS, tool_call_parser: str = "auto"):
         self.engine = engine
+        self.tool_call_parser = tool_call_parser  # tool_parsers.PARSER_NAMES
         self.sampling_defaults = sampling_defaults  # for fields a request omits (generation_config.py)
         self.model_names = model_names
         self.admit = admit  # raises APIError(429) when the queue is full
@@ -180,32 +216,65 @@ class Serving:
         self.check_model(req.model)
         req.check_supported()
         params = req.to_sampling_params(self.sampling_defaults)
-        prompt = req.single_prompt()
+        prompts = req.prompts()
         self.admit()
-        text = prompt if isinstance(prompt, str) else None
-        if isinstance(prompt, str):
-            self.bound.check(prompt, params.max_tokens, "prompt")
-            prompt = await limits.encode(self.engine.tokenizer, prompt, add_special_tokens=True)
-        ids = await self._prepare(req, prompt, params)
-        echo = None
-        if req.echo:  # the prompt as sent, or its token ids' text
-            echo = (text if text is not None else self.engine.tokenizer.decode(ids, skip_special_tokens=False),
-                    ids)
-        return await self._run(_Format(False, self.engine.tokenizer, echo), req, ids, params, raw)
+        tok, token_ids, echo = self.engine.tokenizer, [], []
+        for i, prompt in enumerate(prompts):
+            text = prompt if isinstance(prompt, str) else None
+            if text is not None:
+                self.bound.check(prompt, params.max_tokens, "prompt" if len(prompts) == 1 else f"prompt.{i}")
+                prompt = await limits.encode(tok, prompt, add_special_tokens=req.add_special_tokens is not False)
+            ids = await self._prepare(req, prompt, params)
+            token_ids.append(ids)
+            # the prompt as sent, or its token ids' text, before each of its choices
+            echo += [(text if text is not None else tok.decode(ids, skip_special_tokens=False), ids)] * (req.n or 1)
+        fmt = _Format(False, tok, echo if req.echo else None, include_stop=bool(req.include_stop_str_in_output),
+                      token_ids_as_text=bool(req.return_tokens_as_token_ids))
+        return await self._run(fmt, req, token_ids, params, raw)
 
     async def chat(self, req: ChatCompletionRequest, raw: Request) -> Response:
         self.check_model(req.model)
         req.check_supported()
         self.admit()
-        tok = self.engine.tokenizer
-        # The template already writes BOS and special tokens as text (Tokenizer.encode_chat).
-        text = await asyncio.to_thread(_render_chat, tok, req.template_messages(), req.add_generation_prompt is not False)
+        tok, tools = self.engine.tokenizer, req.tool_spec
+        text = await asyncio.to_thread(render_chat, tok, req.messages, tools, req.add_generation_prompt is not False,
+                                       bool(req.continue_final_message), req.template_kwargs())
         limit = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         self.bound.check(text, limit, "messages")
-        ids = await limits.encode(tok, text, add_special_tokens=False)
+        # add_special_tokens (vLLM's) is off by default: the template already writes BOS and the like as text.
+        ids = await limits.encode(tok, text, add_special_tokens=bool(req.add_special_tokens))
         params = req.to_sampling_params(len(ids), self.max_model_len, self.sampling_defaults)
         ids = await self._prepare(req, ids, params)
-        return await self._run(_Format(True, tok), req, ids, params, raw)
+        replies = None
+        if tools is not None and tools.choice != "none":
+            replies = [tools.reply(self.tool_call_parser, tok.template_for(True)) for _ in range(req.n or 1)]
+        fmt = _Format(True, tok, replies=replies, include_stop=bool(req.include_stop_str_in_output),
+                      token_ids_as_text=bool(req.return_tokens_as_token_ids))
+        return await self._run(fmt, req, [ids], params, raw)
+
+    async def tokenize(self, req: TokenizeRequest) -> dict:
+        """vLLM's /tokenize: the prompt's token ids, or the chat template's for the messages."""
+        self.check_model(req.model)
+        req.check()
+        tok = self.engine.tokenizer
+        if req.messages is None:
+            text, add_special = req.prompt, req.add_special_tokens is not False
+        else:
+            tools = Tools.from_request(req.tools, None, None)
+            text = await asyncio.to_thread(render_chat, tok, req.messages, tools, req.add_generation_prompt is not False,
+                                           bool(req.continue_final_message), req.chat_template_kwargs)
+            add_special = bool(req.add_special_tokens)
+        ids = await limits.encode(tok, text, add_special_tokens=add_special)
+        return {"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids,
+                "token_strs": [tok.hf.id_to_token(t) for t in ids] if req.return_token_strs else None}
+
+    def detokenize(self, req: DetokenizeRequest) -> dict:
+        self.check_model(req.model)
+        vocab = self.engine.tokenizer.vocab_size
+        bad = next((t for t in req.tokens if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise APIError(400, f"token id {bad} is outside the vocabulary [0, {vocab})", "tokens")
+        return {"prompt": self.engine.tokenizer.decode(req.tokens, skip_special_tokens=False)}
 
     async def _prepare(self, req, prompt, params) -> list[int]:
         """The engine's checks of the request; a grammar is compiled to check it (up to ~0.1 s for a large
@@ -217,20 +286,24 @@ class Serving:
         except InvalidGrammarError as e:
             raise APIError(400, str(e), req.structured_field) from None
 
-    async def _run(self, fmt: _Format, req, ids, params, raw: Request) -> Response:
+    async def _run(self, fmt: _Format, req, prompts: list[list[int]], params, raw: Request) -> Response:
         rid = fmt.prefix + uuid.uuid4().hex
         head = {"id": rid, "object": fmt.object(req.stream), "created": int(time.time()),
                 "model": req.model or self.model_names[0]}
         n = req.n or 1
-        # One engine request per choice (nothing runs until a generator is first iterated); a seeded request's
-        # choices draw from seeds of their own, so that they differ and each one reproduces.
-        gens = [self._generate(ids, params if n == 1 else choice_params(params, i), rid if n == 1 else f"{rid}-{i}")
-                for i in range(n)]
-        if n > 1:  # the others start once the first has its prompt's KV: they take it from the prefix cache
-            prefilled = asyncio.Event()
-            gens = [_first_of(gens[0], prefilled)] + [_after(g, prefilled) for g in gens[1:]]
+        # One engine request per choice (nothing runs until a generator is first iterated), choice i * n + j
+        # being prompt i's j-th; a seeded request's choices of a prompt draw from seeds of their own, so that
+        # they differ and each one reproduces.
+        gens = []
+        for ids in prompts:
+            group = [self._generate(ids, params if n == 1 else choice_params(params, j),
+                                    rid if n * len(prompts) == 1 else f"{rid}-{len(gens) + j}") for j in range(n)]
+            if n > 1:  # the others start once the first has its prompt's KV: they take it from the prefix cache
+                prefilled = asyncio.Event()
+                group = [_first_of(group[0], prefilled)] + [_after(g, prefilled) for g in group[1:]]
+            gens += group
         if req.stream:
-            return StreamingResponse(self._stream(fmt, head, gens, req.include_usage, params,
+            return StreamingResponse(self._stream(fmt, head, gens, n, req.include_usage, params,
                                                   req.prompt_logprobs is not None),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -241,14 +314,14 @@ class Serving:
             raise APIError(503, SHUTDOWN_MESSAGE)
         choices = []
         for i, final in enumerate(finals):
-            text, ids, lps, tops = final.text, final.token_ids, final.logprobs, final.top_logprobs
+            text, ids, lps, tops = final.text + fmt.ending(final), final.token_ids, final.logprobs, final.top_logprobs
             if fmt.echo:
-                text, ids, lps, tops = fmt.echoed(text, ids, lps, tops, final.prompt_logprobs, params.top_logprobs)
+                text, ids, lps, tops = fmt.echoed(i, text, ids, lps, tops, final.prompt_logprobs, params.top_logprobs)
             lp = fmt.logprobs(ids, lps, 0, tops)[0] if params.logprobs else None
             choices.append(fmt.choice(text, lp, final.finish_reason, final.stop_reason, False, i))
             if req.prompt_logprobs is not None:
                 choices[-1]["prompt_logprobs"] = fmt.prompt_logprobs(final.prompt_logprobs)
-        body = dict(head, choices=choices, usage=usage(*finals), speculative=speculative(finals))
+        body = dict(head, choices=choices, usage=usage(finals, n), speculative=speculative(finals))
         return JSONResponse(body)
 
     async def _generate(self, ids, params, rid: str):
@@ -291,7 +364,7 @@ class Serving:
         except Exception as e:
             raise from_exception(e) from None
 
-    async def _stream(self, fmt: _Format, head: dict, gens: list, include_usage: bool, params,
+    async def _stream(self, fmt: _Format, head: dict, gens: list, n: int, include_usage: bool, params,
                       with_prompt_logprobs: bool):
         def chunk(choices: list, **extra) -> str:
             body = dict(head, choices=choices, **extra)
@@ -333,27 +406,28 @@ class Serving:
                 if not prompt_sent[i] and (out.delta_token_ids or out.finished):  # the prefill is done
                     prompt_sent[i] = True
                     if fmt.echo:
-                        text, ids, lps, tops = fmt.echoed(text, ids, (lps or []) if params.logprobs else None, tops,
-                                                          out.prompt_logprobs, params.top_logprobs)
+                        text, ids, lps, tops = fmt.echoed(i, text, ids, (lps or []) if params.logprobs else None,
+                                                          tops, out.prompt_logprobs, params.top_logprobs)
                     if with_prompt_logprobs:
                         extra["prompt_logprobs"] = fmt.prompt_logprobs(out.prompt_logprobs)
                 lp = None
                 if params.logprobs and ids:
                     lp, offsets[i] = fmt.logprobs(ids, lps, offsets[i], tops)
-                if not (text or lp or extra or out.finished):
-                    continue  # tokens held back (a possible stop string, an incomplete character)
-                if not out.finished:
-                    yield chunk([dict(fmt.choice(text, lp, None, None, True, i), **extra)])
-                    continue
                 if out.finish_reason == "abort":  # only a shutdown aborts a request whose client is here
                     yield sse(error_body(503, SHUTDOWN_MESSAGE))
                     break
+                if out.finished:
+                    text += fmt.ending(out)
+                choice = dict(fmt.choice(text, lp, out.finish_reason, out.stop_reason, True, i), **extra)
+                if not out.finished:
+                    if choice.get("delta") or choice.get("text") or lp or extra:  # else tokens held back (a
+                        yield chunk([choice])  # possible stop string or tool call, an incomplete character)
+                    continue
                 finals[i] = out
-                yield chunk([dict(fmt.choice(text, lp, out.finish_reason, out.stop_reason, True, i), **extra)],
-                            speculative=out.spec)
+                yield chunk([choice], speculative=out.spec)
             else:
                 if include_usage:
-                    yield chunk([], usage=usage(*finals), speculative=speculative(finals))
+                    yield chunk([], usage=usage(finals, n), speculative=speculative(finals))
         except Exception as e:  # the status line is already sent: report the failure in the stream
             err = from_exception(e)
             yield sse(error_body(err.status, err.message, err.param, err.code))

@@ -62,6 +62,13 @@ def test_streaming_is_preserved(client):
     assert deltas[0].role == "assistant" and len(deltas) > 2
 
 
+def test_vllms_tokenizer_routes_reach_a_replica(cluster):
+    root = cluster.base_url.removesuffix("/v1")
+    ids = httpx.post(root + "/tokenize", json={"prompt": "Hello"}, timeout=60).json()["tokens"]
+    assert httpx.post(root + "/detokenize", json={"tokens": ids}, timeout=60).json() == {"prompt": "Hello"}
+    assert httpx.get(root + "/version", timeout=60).json()["version"]
+
+
 def test_errors_keep_their_status_through_the_ingress(client):
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         client.completions.create(model="nope", prompt="x", max_tokens=2)

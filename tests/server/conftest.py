@@ -19,10 +19,13 @@ import time
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
+import torch
 
 from specserve.engine.engine_loop import STEP_PACE_ENV
 
+MODEL = "tiny"  # the name the tiny servers serve
 STARTUP_TIMEOUT_S = 90
 URL_RE = re.compile(r"specserve serving (http://127\.0\.0\.1:\d+)/v1")
 # A fraction (< 1) of free memory, so a few tens of MB on a typical machine: room for the tests' requests
@@ -214,3 +217,32 @@ def keyed_server(tiny_target, tmp_path_factory):
                            tmp_path_factory.mktemp("server") / "keyed.log", env=PACED)
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def client(spec_server):
+    """The official client on spec_server."""
+    with openai.OpenAI(base_url=spec_server.base_url, api_key="unused", max_retries=0, timeout=60) as c:
+        yield c
+
+
+@pytest.fixture(scope="session")
+def reference(tiny_target):
+    """The offline engine on the same model: greedy output the servers must reproduce exactly."""
+    from specserve import LLM
+    threads = torch.get_num_threads()
+    # One thread, like the server: on two shared cores a second torch thread slows this 20x or more.
+    yield LLM(model=str(tiny_target), dtype="float32", max_model_len=1024, num_kv_blocks=512, num_threads=1)
+    torch.set_num_threads(threads)
+
+
+def greedy(reference, prompts, max_tokens, **kw):
+    """Offline greedy outputs of one prompt or a batch (texts, token ids or chat messages) and lengths."""
+    from specserve import SamplingParams
+    one = not isinstance(prompts, list) or not isinstance(prompts[0], (list, str))
+    prompts = [prompts] if one else prompts
+    lengths = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(prompts)
+    inputs = [reference.tokenizer.encode_chat(p) if isinstance(p, list) and isinstance(p[0], dict) else p
+              for p in prompts]
+    outs = reference.generate(inputs, [SamplingParams(max_tokens=n, temperature=0, **kw) for n in lengths])
+    return outs[0] if one else outs

@@ -13,36 +13,7 @@ import torch
 
 from specserve import SamplingParams
 from specserve.benchmark.server_metrics import parse_prometheus
-from tests.server.conftest import wait_until
-
-MODEL = "tiny"
-
-
-@pytest.fixture(scope="module")
-def client(spec_server):
-    with openai.OpenAI(base_url=spec_server.base_url, api_key="unused", max_retries=0, timeout=60) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def reference(tiny_target):
-    """The offline engine on the same model: greedy output the server must reproduce exactly."""
-    from specserve import LLM
-    threads = torch.get_num_threads()
-    # One thread, like the server: on two shared cores a second torch thread slows this 20x or more.
-    yield LLM(model=str(tiny_target), dtype="float32", max_model_len=1024, num_kv_blocks=512, num_threads=1)
-    torch.set_num_threads(threads)
-
-
-def greedy(reference, prompts, max_tokens, **kw):
-    """Offline greedy outputs of one prompt or a batch (texts, token ids or chat messages) and lengths."""
-    one = not isinstance(prompts, list) or not isinstance(prompts[0], (list, str))
-    prompts = [prompts] if one else prompts
-    lengths = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(prompts)
-    inputs = [reference.tokenizer.encode_chat(p) if isinstance(p, list) and isinstance(p[0], dict) else p
-              for p in prompts]
-    outs = reference.generate(inputs, [SamplingParams(max_tokens=n, temperature=0, **kw) for n in lengths])
-    return outs[0] if one else outs
+from tests.server.conftest import MODEL, greedy, wait_until
 
 
 def test_startup_line_names_url_model_device_draft_and_kv_capacity(spec_server, tiny_draft):

@@ -265,11 +265,13 @@ def test_6_a_body_that_does_not_arrive_in_time_is_a_408(server):
 
 @pytest.mark.parametrize("messages, param", [
     ([{"role": "wizard", "content": "hi"}], "messages.0.role"),
-    ([{"role": "user", "content": "hi"}, {"role": "tool", "content": "42", "tool_call_id": "x"}], "messages.1.role"),
+    ([{"role": "user", "content": "hi"}, {"role": "function", "content": "42", "name": "f"}], "messages.1.role"),
     ([{"role": "assistant", "content": None, "tool_calls": [{"id": "x", "type": "function"}]}],
-     "messages.0.tool_calls"),
+     "messages.0.tool_calls.0"),
+    ([{"role": "user", "content": "hi", "tool_calls": []}, {"role": "user", "content": "hi",
+                                                           "tool_calls": [{"id": "x"}]}], "messages.1.tool_calls"),
 ])
-def test_6_unknown_roles_and_tool_messages_are_a_400(server, messages, param):
+def test_6_unknown_roles_and_malformed_tool_messages_are_a_400(server, messages, param):
     assert openai_error(post(server, {"model": MODEL, "messages": messages, "max_tokens": 4},
                              "/chat/completions"), 400)["param"] == param
 
@@ -277,8 +279,9 @@ def test_6_unknown_roles_and_tool_messages_are_a_400(server, messages, param):
 @pytest.mark.parametrize("extra, path", [
     ({"functions": [{"name": "f", "parameters": {}}]}, "/chat/completions"),
     ({"function_call": {"name": "f"}}, "/chat/completions"),
-    ({"tool_choice": "required"}, "/chat/completions"),
+    ({"tool_choice": "required"}, "/chat/completions"),  # without tools
     ({"min_p": 0.1}, "/chat/completions"),
+    ({"logit_bias": {"1": 5}}, "/completions"),
     ({"allowed_token_ids": [1, 2]}, "/completions"),
     ({"bad_words": ["hi"]}, "/completions"),
     ({"use_beam_search": True}, "/completions"),
