@@ -70,7 +70,8 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=320)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--configs", default="none,ngram k=8,suffix k=8,default", help=f"comma-separated, of: {', '.join(CONFIGS)}")
+    p.add_argument("--configs", default="none,ngram k=8,suffix k=8,default",
+                   help=f"comma-separated, of: {', '.join(CONFIGS)}")
     p.add_argument("--label", default=datetime.date.today().isoformat())
     args = p.parse_args()
     names = args.configs.split(",")
@@ -113,7 +114,8 @@ def report(rows: dict, names: list[str], args) -> str:
     session = {n: med(n, lambda r: r["total_s"] / args.sessions) for n in names}
     lines = [f"# Multi-turn code editing, one request at a time ({args.label})", "",
              f"`python bench/code_edit.py --sessions {args.sessions} --turns {args.turns} --max-tokens "
-             f"{args.max_tokens} --repeats {args.repeats}`, {args.threads} threads; medians over repeats (min-max).", "",
+             f"{args.max_tokens} --repeats {args.repeats} --configs \"{','.join(names)}\"`, {args.threads} threads; "
+             "medians over repeats (min-max).", "",
              "| config | tokens / decode step | ms / output token | speedup over none | over ngram k=8 | s / session |",
              "|---|---|---|---|---|---|"]
     for n in names:

@@ -84,10 +84,12 @@ def report(runs: dict, drafts: list[list[str]], batches: list[int], args) -> str
         return statistics.median(values), min(values), max(values)
 
     lines = [f"# One draft token against a plain step ({args.label})", "",
-             f"`python bench/draft_cost.py --batches {args.batches} --repeats {args.repeats} --drafts \"{args.drafts}\"`, "
-             f"{args.threads} threads; ms, medians over repeats (min-max); shares per repeat.", "",
-             "| draft | requests | plain step | draft, k = 1 | draft, k = 4 | a draft step / plain step (k = 4 average) "
-             "| at the margin ((k4 - k1) / 3) |", "|---|---|---|---|---|---|---|"]
+             f"`python bench/draft_cost.py --batches {args.batches} --repeats {args.repeats} "
+             f"--drafts \"{args.drafts}\"`, {args.threads} threads; ms, medians over repeats (min-max); "
+             "shares per repeat.", "",
+             "| draft | requests | plain step | draft, k = 1 | draft, k = 4 "
+             "| a draft step / plain step (k = 4 average) | at the margin ((k4 - k1) / 3) |",
+             "|---|---|---|---|---|---|---|"]
     for draft in drafts:
         name = " ".join(draft)
         for n in batches:

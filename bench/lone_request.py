@@ -106,7 +106,8 @@ def report(rows: dict, names: list[str], args) -> str:
              f"`python bench/lone_request.py --prompts {args.prompts} --max-tokens {args.max_tokens} --repeats "
              f"{args.repeats} --configs {','.join(names)}`, {args.threads} threads, greedy, EOS allowed; "
              "medians over repeats (min-max); speedup: none's ms/token over the config's, per repeat.", "",
-             "| workload | config | tokens / decode step | ms / output token | speedup over none |", "|---|---|---|---|---|"]
+             "| workload | config | tokens / decode step | ms / output token | speedup over none |",
+             "|---|---|---|---|---|"]
     for workload, by_name in rows.items():
         for name in names:
             runs = by_name[name]

@@ -14,7 +14,7 @@ import torch
 
 from specserve.model import cpu_forward, kernels
 from specserve.model.cpu_linear import KernelLinear
-from specserve.model.cpu_forward import LayerArgs, LinearArgs
+from specserve.model.cpu_forward import LinearArgs
 
 
 class DraftArgs(ctypes.Structure):  # kernels/draft_chain.c's DraftArgs

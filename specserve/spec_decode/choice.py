@@ -34,7 +34,8 @@ class DraftChoice:
         if acceptance.version // REFRESH != self._version:  # a step moves the estimates little
             self._cache, self._version = {}, acceptance.version // REFRESH
         if source not in self._cache:
-            self._cache[source] = (acceptance.position_acceptance(source).tolist(), acceptance.global_acceptance(source))
+            self._cache[source] = (acceptance.position_acceptance(source).tolist(),
+                                   acceptance.global_acceptance(source))
         positions, base = self._cache[source]
         factor = acceptance.request_factor(request_id, source, base)
         e, survive = 0.0, 1.0
