@@ -173,9 +173,10 @@ def replay(llm, texts, times, params, streams, on_step=None) -> dict:
     # Every run replays prompts that earlier runs (other policies, other levels) sent too: it starts with an
     # empty prefix cache, so that only its own requests share prefixes (the chat template's system prompt).
     engine.reset_prefix_cache()
-    sessions = {str(j): [{"role": "user", "content": t[0]}] for j, t in enumerate(texts) if isinstance(t[0], str)}
+    is_session = [isinstance(t, list) and isinstance(t[0], str) for t in texts]  # else a text or token ids
+    sessions = {str(j): [{"role": "user", "content": t[0]}] for j, t in enumerate(texts) if is_session[j]}
     start, i, done = time.monotonic(), 0, {}
-    n = sum(len(t) if isinstance(t[0], str) else 1 for t in texts)  # requests: every turn of a session
+    n = sum(len(t) if session else 1 for t, session in zip(texts, is_session))  # requests: every turn
     lengths, steps, predicted, measured, busy = [], 0, [], [], 0.0
     prefill_s = prefill_tokens = 0.0  # prefill-only steps: the same work under every policy, so a speed gauge
     while len(done) < n:

@@ -92,8 +92,8 @@ def test_default_speculative_config(monkeypatch, tmp_path):
     assert _choice()[0] is None  # "default" routes between both: both needed
     (tmp_path / "code").mkdir()
     (tmp_path / "code" / "config.json").write_text("{}")
-    assert json.loads(_choice()[0]) == {"model": "default", "num_speculative_tokens": 4,
-                                                                     "ngram_first": True, "policy": "adaptive"}
+    assert json.loads(_choice()[0]) == {"model": "default", "num_speculative_tokens": 4, "ngram_first": True,
+                                        "quantization": "q8_0", "policy": "adaptive"}
     assert _choice(model="/some/other/model")[0] is None  # vocabularies differ
     assert _choice(spec="none")[0] is None
     given = '{"method": "ngram", "num_speculative_tokens": 2}'
