@@ -21,8 +21,10 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from adaptive import (_commit, build_engines, prompts_and_arrivals, replay, sampling, saturation,  # noqa: E402
+from adaptive import (build_engines, prompts_and_arrivals, replay, sampling, saturation,  # noqa: E402
                       use_policy)
+
+from specserve.benchmark.machine import git_commit  # noqa: E402
 
 OUT = Path(__file__).parent / "results" / "adaptive_steps"
 PHASES = ("t_schedule", "t_draft", "t_forward", "t_sample", "t_other")
@@ -100,7 +102,7 @@ def main() -> None:
     out = OUT / args.name
     out.mkdir(parents=True, exist_ok=True)
     (out / "meta.json").write_text(json.dumps({"command": "python bench/adaptive_steps.py " + " ".join(sys.argv[1:]),
-                                               "commit": _commit(), "started": datetime.datetime.now().isoformat(
+                                               "commit": git_commit("?"), "started": datetime.datetime.now().isoformat(
                                                    timespec="seconds")}, indent=1))
     engines = build_engines("mix", args.threads, args.policies.split(","))
     sat = saturation(engines, "mix", 16)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +24,9 @@ import torch
 from specserve.device_sync import to_host
 from specserve.errors import InvalidRequestError
 from specserve.spec_decode.config import FREE
+
+
+log = logging.getLogger(__name__)
 
 
 class InvalidGrammarError(InvalidRequestError):
@@ -137,6 +141,8 @@ class Grammar:
         n = next((k for k, t in enumerate(tokens) if t in self.eos), len(tokens))
         if n:
             self.matcher.consume_tokens(tokens[:n])
+            if self.matcher.is_error():  # a token its mask forbade: the request can only end now (fill)
+                log.error("structured output: grammar error after tokens %s: %s", tokens[:n], self.matcher.get_error())
         return n
 
     def rollback(self, n: int) -> None:

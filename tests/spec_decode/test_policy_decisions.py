@@ -247,7 +247,8 @@ def test_adaptive_drafts_less_once_drafting_steps_turn_out_dearer_than_predicted
 
 def test_adaptive_skips_planning_while_drafting_stays_far_from_paying():
     """A batch for which the best drafting allocation is predicted far below plain decoding: the next
-    quiet_steps plans of the same batch are not computed; a changed batch, or a new queue, plans again."""
+    quiet_steps plans of the same batch are not computed, whatever the queue and sampled requests' offers
+    (lookup hits come and go under sampling); other requests, or a greedy request's new offer, plan again."""
     p = policy("adaptive", COMPUTE_BOUND)
     calls = []
     step_costs = p.models.step_costs
@@ -259,8 +260,16 @@ def test_adaptive_skips_planning_while_drafting_stays_far_from_paying():
     assert p.plan(view) == [0] * 64 and len(calls) == 2  # the quiet steps are used up: plans again
     p.plan(batch(63))
     assert len(calls) == 3  # another batch
-    p.plan(BatchView(view.requests, K, 512, 10_000, 5))
-    assert len(calls) == 4  # a queue formed
+    p.plan(BatchView(batch(63).requests, K, 512, 10_000, 5))
+    assert len(calls) == 3  # a queue formed: drafting pays still less
+    sampled = [replace(r, greedy=False) for r in batch(63).requests]
+    p.plan(BatchView(sampled, K, 512, 10_000, 0))
+    assert len(calls) == 4  # the same requests, sampled now: planned once more
+    p.plan(BatchView([replace(r, draft="ngram", max_drafts=2) for r in sampled], K, 512, 10_000, 0))
+    assert len(calls) == 4  # a sampled request's lookup hit
+    p.plan(BatchView([replace(batch(63).requests[0], draft="ngram", max_drafts=2),
+                      *batch(63).requests[1:]], K, 512, 10_000, 0))
+    assert len(calls) == 5  # a greedy request's lookup hit
 
 
 def test_adaptive_plans_every_step_where_drafting_is_close_to_paying():
