@@ -19,7 +19,8 @@ nothing is cached from an earlier round): `default` (speculation and prefix cach
 configuration writes the same calls (checked); requests stream, one at a time. Per configuration: the
 median TTFT of the requests after a session's first (their prompts extend a cached one), the time per
 output token after the first over write_file requests, the sessions' time, how many calls were cut, and
-whether every other call's arguments validated against its tool's schema. Writes bench/results/agent_tools/<name>.md and .json.
+whether every other call's arguments validated against its tool's schema. Writes
+bench/results/agent_tools/<name>.md and .json.
 """
 from __future__ import annotations
 
@@ -154,7 +155,8 @@ def main() -> None:
                                                max_tokens=4)  # warm-up: a server's first request pays more
                 rows = []
                 for i, s in enumerate(work):
-                    rows += [dict(r, session=i, turn=t) for t, r in enumerate(run_session(client, args.model, s, args.max_tokens))]
+                    records = run_session(client, args.model, s, args.max_tokens)
+                    rows += [dict(r, session=i, turn=t) for t, r in enumerate(records)]
             finally:
                 proc.terminate()
                 proc.wait(60)

@@ -267,9 +267,24 @@ def test_adaptive_skips_planning_while_drafting_stays_far_from_paying():
     assert len(calls) == 4  # the same requests, sampled now: planned once more
     p.plan(BatchView([replace(r, draft="ngram", max_drafts=2) for r in sampled], K, 512, 10_000, 0))
     assert len(calls) == 4  # a sampled request's lookup hit
-    p.plan(BatchView([replace(batch(63).requests[0], draft="ngram", max_drafts=2),
-                      *batch(63).requests[1:]], K, 512, 10_000, 0))
+    hit = [replace(batch(63).requests[0], draft="ngram", max_drafts=2), *batch(63).requests[1:]]
+    p.plan(BatchView(hit, K, 512, 10_000, 0))
     assert len(calls) == 5  # a greedy request's lookup hit
+    p.plan(BatchView([replace(hit[0], max_drafts=4), *hit[1:]], K, 512, 10_000, 0))
+    assert len(calls) == 6  # a longer one
+
+
+def test_a_batch_with_nothing_to_draft_does_not_start_a_quiet_window():
+    """No lookup hit (prompt lookup alone offers 0): nothing was found far from paying, so the step after,
+    with a hit, plans (a sampled request: its offers are not in the quiet window's key)."""
+    p = policy("adaptive", COMPUTE_BOUND)
+    calls = []
+    step_costs = p.models.step_costs
+    p.models.step_costs = lambda view: calls.append(1) or step_costs(view)
+    miss = [replace(r, draft="ngram", max_drafts=0, greedy=False) for r in batch(1).requests]
+    assert p.plan(BatchView(miss, K, 512, 10_000, 0)) == [0]
+    p.plan(BatchView([replace(miss[0], max_drafts=4)], K, 512, 10_000, 0))
+    assert len(calls) == 2
 
 
 def test_adaptive_plans_every_step_where_drafting_is_close_to_paying():

@@ -34,11 +34,11 @@ class Adaptive(Policy):
     def plan(self, batch) -> list[int]:
         if not len(batch):
             return []
-        # The batch's requests, and the greedy ones' offers (a lookup hit found in copying runs, and those can
-        # pay); not sampled requests' offers nor the queue: sampled outputs make lookup hits come and go from
-        # one step to the next (a key with them held a quiet window for 14 of 97 plans of a mixed batch at
-        # T = 0.7, each plan ~0.6 ms of a ~15 ms step), and neither moves drafting from far below paying.
-        key = tuple((r.request_id, r.draft if r.greedy else None) for r in batch.requests)
+        # The batch's requests, and the greedy ones' offers (a lookup hit, or a longer one: copying runs, and
+        # those can pay); not sampled requests' offers nor the queue: under sampling lookup hits come and go
+        # from one step to the next (a key with them held a quiet window for 14 of 97 plans of a mixed batch
+        # at T = 0.7, each plan ~0.6 ms of a ~15 ms step), and neither moves drafting from far below paying.
+        key = tuple((r.request_id, (r.draft, r.max_drafts) if r.greedy else None) for r in batch.requests)
         if self._quiet is not None and self._quiet[0] == key and self._quiet[1] > 0:
             self._quiet = (key, self._quiet[1] - 1)
             return [0] * len(batch)
@@ -51,7 +51,8 @@ class Adaptive(Policy):
         slos = [r.slo_tpot for r in batch.requests]
         rows = [r.draft_rows for r in batch.requests]  # a draft cache behind its request costs catch-up rows
         best = allocate(survival(a), drafts, limits, costs, tpot_slos=slos, first_rows=rows)
-        quiet = not any(best.lengths) and not any(slos) and best.drafting_rate < 1 - self.quiet_margin
+        # (a batch with nothing to draft, no lookup hit, is not one whose drafting was found far from paying)
+        quiet = not any(best.lengths) and any(limits) and not any(slos) and best.drafting_rate < 1 - self.quiet_margin
         held = [min(r.spec.last_drafted, n) for r, n in zip(batch.requests, limits)]
         if held != best.lengths and not any(slos):  # with objectives, the feasible choice wins outright
             kept = evaluate(survival(a), held, drafts, costs, first_rows=rows)
