@@ -12,13 +12,11 @@ docstring, type hints, logging, an assertion), drawn per session from a seeded g
 from __future__ import annotations
 
 import ast
-import os
-import sysconfig
 import zlib
-from pathlib import Path
 
 import numpy as np
 
+from specserve.benchmark.stdlib import stdlib_files, stdlib_root
 from specserve.errors import SpecServeError
 
 DATASET = "code-edit"
@@ -35,20 +33,16 @@ ASK = "Reply with the whole updated function in a Python code block."
 
 
 def _held_out(path: str) -> bool:
-    return zlib.crc32(path.encode()) % 20 == 0  # the split the code benchmarks and draft training use
+    # the split the code benchmarks and draft training use (distill/corpus.py)
+    return zlib.crc32(path.encode()) % 20 == 0
 
 
 def stdlib_functions(limit: int = 400) -> list[tuple[str, str, list[str]]]:
     """(source, name, parameter names) of top-level functions of MIN_LINES..MAX_LINES lines in the held-out
     files of this Python's standard library, in file order."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    skip = {"test", "tests", "site-packages", "dist-packages", "idlelib", "lib2to3", "__pycache__"}
-    files = []
-    for folder, dirs, names in os.walk(root):
-        dirs[:] = [d for d in dirs if d not in skip]  # prune: site-packages can be huge
-        files += [Path(folder) / n for n in names if n.endswith(".py")]
+    root = stdlib_root()
     out = []
-    for path in sorted(files):
+    for path in stdlib_files():
         if not _held_out(path.relative_to(root).as_posix()):
             continue
         try:

@@ -7,7 +7,6 @@ characters-per-token rule and the results say the lengths are approximate.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -16,6 +15,7 @@ import numpy as np
 
 from specserve.benchmark import code_edit
 from specserve.benchmark.arrivals import DATA_DIR
+from specserve.benchmark.stdlib import stdlib_files
 from specserve.errors import SpecServeError
 
 DATASETS = {
@@ -89,15 +89,7 @@ def _texts_from_rows(rows: list) -> list[str]:
 
 
 def _stdlib_prefixes() -> list[str]:
-    import sysconfig
-
-    root = Path(sysconfig.get_paths()["stdlib"])
-    skip = {"test", "tests", "site-packages", "dist-packages", "idlelib", "lib2to3", "__pycache__"}
-    files = []
-    for folder, dirs, names in os.walk(root):
-        dirs[:] = [d for d in dirs if d not in skip]   # prune: site-packages can be huge
-        files += [Path(folder) / n for n in names if n.endswith(".py")]
-    files.sort()
+    files = stdlib_files()
     step = max(1, len(files) // _STDLIB_FILES)
     texts = []
     for p in files[::step]:
