@@ -57,11 +57,11 @@ class DeviceClock:
 
 
 class Executor:
-    def __init__(self, runner: ModelRunner, proposer=None, policy=None):
+    def __init__(self, runner: ModelRunner, proposer=None, policy=None, sampler: Sampler | None = None):
         self.runner = runner
         self.proposer = proposer
         self.policy = policy
-        self.sampler = Sampler()
+        self.sampler = sampler or Sampler()
         self.clock = DeviceClock(runner.device)
         self.hidden_taps: list[HiddenTap] = []
         if proposer is not None and proposer.reads_target_hidden:

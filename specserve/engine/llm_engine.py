@@ -25,6 +25,7 @@ from specserve.engine.inputs import InputProcessor
 from specserve.engine.model_runner import ModelRunner, available_memory_bytes, kv_bytes_per_block
 from specserve.engine.output_processor import OutputProcessor
 from specserve.engine.outputs import RequestOutput, StepStats
+from specserve.engine.sampler import Sampler
 from specserve.engine.sampling_params import SamplingParams
 from specserve.engine.scheduler import Scheduler
 from specserve.engine.sequence import Sequence, Status
@@ -38,6 +39,7 @@ from specserve.spec_decode.cost_model import StepCostModel
 from specserve.spec_decode.draft_loader import build_proposer, draft_runners, load_drafts
 from specserve.spec_decode.policies import make_policy
 from specserve.spec_decode.predictors import SpeculationModels
+from specserve.spec_decode.synthetic import SyntheticAcceptance
 
 log = logging.getLogger("specserve.engine")
 
@@ -113,7 +115,13 @@ class LLMEngine:
         self.policy = make_policy(spec.policy, k, spec.policy_options, self.models) if spec else None
         if (self.policy is not None and self.policy.uses_cost_model) or config.slo_tpot_ms:
             self.profile_costs()
-        self.executor = Executor(self.runner, self.proposer, self.policy)
+        synthetic = spec.synthetic_rates if spec else None
+        if synthetic:
+            log.warning("synthetic acceptance: drafts kept at rates %s, not verified; outputs do not follow "
+                        "the target model (benchmarks only)", [round(r, 3) for r in synthetic])
+        self.synthetic_rates = synthetic
+        self.executor = Executor(self.runner, self.proposer, self.policy,
+                                 Sampler(SyntheticAcceptance(synthetic, config.seed) if synthetic else None))
         self.scheduler = Scheduler(BlockManager(num_blocks, config.block_size, config.enable_prefix_caching),
                                    config.max_num_seqs,
                                    config.max_num_batched_tokens, self.max_model_len, k,
@@ -301,6 +309,8 @@ class LLMEngine:
             out.logprobs = list(seq.logprobs) if seq.params.logprobs else None
             out.top_logprobs = list(seq.top_logprobs) if seq.params.top_logprobs else None
             out.spec = seq.spec.as_dict()
+            if self.synthetic_rates:  # benchmarks only: say the acceptance was drawn, not verified
+                out.spec["synthetic_acceptance_rates"] = self.synthetic_rates
             if self.draft_names and (draft := self.proposer.draft_of(seq.request_id)) is not None:
                 out.spec["draft"] = draft  # several drafts: say which one served the request
             out.metrics = {"arrival_time": seq.arrival_time, "first_scheduled_time": seq.first_scheduled_time,

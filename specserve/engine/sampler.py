@@ -16,9 +16,13 @@ from specserve.device_sync import to_host
 from specserve.model.kernels import argmax_rows
 from specserve.sampling import RowParams, draw_at, penalize, process, to_probs  # noqa: F401  (to_probs: the API)
 from specserve.spec_decode.rejection_sampler import PLACEHOLDER, rejection_sample
+from specserve.spec_decode.synthetic import SyntheticAcceptance
 
 
 class Sampler:
+    def __init__(self, synthetic: SyntheticAcceptance | None = None):
+        self.synthetic = synthetic  # benchmarks only: drafts kept at set rates, not verified
+
     def __call__(self, logits: torch.Tensor, sampling: list[ScheduledSeq], proposal: Proposal,
                  raw: torch.Tensor | None = None
                  ) -> tuple[list[list[int]], list[list[float] | None], list[list[float]] | None, list | None]:
@@ -40,8 +44,9 @@ class Sampler:
         raw = logits if raw is None else raw
         logits = _penalized(logits, sampling, proposal, starts, lengths)
         argmax = argmax_rows(logits)
+        counts = self.synthetic.counts(lengths) if self.synthetic is not None and k else None
         if all(s.seq.params.greedy and not s.seq.params.logprobs for s in sampling):
-            return _greedy(argmax, proposal, lengths, starts)
+            return _greedy(argmax, proposal, lengths, starts, counts)
         committed = torch.full((len(sampling), k + 1), PLACEHOLDER, dtype=torch.long, device=device)
         greedy = [i for i, s in enumerate(sampling) if s.seq.params.greedy]
         seeded = [i for i, s in enumerate(sampling) if not s.seq.params.greedy and s.seq.params.seed is not None]
@@ -65,7 +70,8 @@ class Sampler:
             elif group is sampled:
                 q = _draft_probs(proposal, cells, device)
                 gens = [sampling[i].seq.generator for i in group]
-            out = rejection_sample(targets, p, drafts, q, [lengths[i] for i in group], gens)
+            out = rejection_sample(targets, p, drafts, q, [lengths[i] for i in group], gens,
+                                   None if counts is None else [counts[i] for i in group])
             committed[_index(group, device), :out.shape[1]] = out
         logprobs, top_ids, top_lps = _logprobs(raw, committed, sampling, starts, lengths)
         host = to_host(committed, logprobs, proposal.confidences, top_ids, top_lps)
@@ -84,7 +90,8 @@ class Sampler:
         return tokens, lps, confidences, tops
 
 
-def _greedy(argmax: torch.Tensor, proposal: Proposal, lengths: list[int], starts: list[int]
+def _greedy(argmax: torch.Tensor, proposal: Proposal, lengths: list[int], starts: list[int],
+            synthetic_counts: list[int] | None = None
             ) -> tuple[list[list[int]], list[None], list[list[float]] | None, None]:
     """Every request greedy, none asking for logprobs (plain decoding's usual step): the target's argmax
     rows and the drafts cross in the step's one transfer, and acceptance (drafts equal to the argmax, then
@@ -96,9 +103,12 @@ def _greedy(argmax: torch.Tensor, proposal: Proposal, lengths: list[int], starts
     drafts = drafts if host is None else host
     tokens = []
     for i, (start, length) in enumerate(zip(starts, lengths)):  # prefills (no drafts) come last
-        n = 0
-        while n < length and drafts[i][n] == argmax_rows[start + n]:
-            n += 1
+        if synthetic_counts is not None:
+            n = synthetic_counts[i]
+        else:
+            n = 0
+            while n < length and drafts[i][n] == argmax_rows[start + n]:
+                n += 1
         tokens.append([*drafts[i][:n], argmax_rows[start + n]] if n else [argmax_rows[start]])
     if confidences is not None:
         confidences = [r[:length] for r, length in zip(confidences, proposal.lengths)]

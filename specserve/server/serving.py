@@ -52,7 +52,10 @@ def speculative(finals: list[RequestOutput]) -> dict | None:
               for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")}
     positions = [f.spec["accepted_per_position"] for f in finals]
     per_position = [sum(p[j] for p in positions if j < len(p)) for j in range(max(map(len, positions)))]
-    return SpecStats(**counts, accepted_per_position=per_position).as_dict()
+    merged = SpecStats(**counts, accepted_per_position=per_position).as_dict()
+    if "synthetic_acceptance_rates" in finals[0].spec:  # benchmarks only: the acceptance was drawn
+        merged["synthetic_acceptance_rates"] = finals[0].spec["synthetic_acceptance_rates"]
+    return merged
 
 
 def choice_params(params, i: int):

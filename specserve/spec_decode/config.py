@@ -24,6 +24,10 @@ CPU kernels read the blocks, elsewhere the dequantized values run).
 Any of them takes `"policy"`: how many tokens each request drafts each step (spec_decode/policies/), with
 the policy's own settings in `"policy_options"`. `none` (or an empty string) switches speculation off.
 
+Benchmarks only: `"rejection_sample_method": "synthetic"` with `"synthetic_acceptance_rates": [r_1, ..., r_k]`
+or `"synthetic_acceptance_length": L` keeps drafts at set rates instead of verifying them (vLLM's names;
+spec_decode/synthetic.py), so random-weight shapes can be measured speculating; responses say so.
+
 Two defaults, on purpose:
 - a config that names no policy gets `static` (always num_speculative_tokens, which is the ceiling for
   every other policy): what vLLM does with the same config, and no startup profile of the step cost;
@@ -38,6 +42,7 @@ import json
 from dataclasses import dataclass, fields
 
 from specserve.errors import SpecServeError
+from specserve.spec_decode.synthetic import check_rates, rates_for_length
 
 NGRAM = "ngram"  # the method, and the source name of prompt-lookup proposals (priced as a free draft)
 SUFFIX = "suffix"  # the method, and the source name of suffix-decoding proposals (free too)
@@ -73,6 +78,10 @@ class SpeculativeConfig:
     suffix_decoding_min_token_prob: float = 0.1
     policy: str = "static"  # spec_decode/policies/: how many tokens each request drafts, step by step
     policy_options: dict | None = None
+    # Benchmark only (spec_decode/synthetic.py): "synthetic" keeps drafts at set rates instead of verifying them.
+    rejection_sample_method: str = "standard"
+    synthetic_acceptance_rates: list[float] | None = None  # per position, unconditional, non-increasing
+    synthetic_acceptance_length: float | None = None  # or: mean tokens a step at k drafts (one rate per position)
 
     def __post_init__(self):
         if self.method == "draft":
@@ -110,9 +119,39 @@ class SpeculativeConfig:
         if self.quantization is not None and self.quantization not in DRAFT_QUANTIZATIONS:
             raise SpecServeError(f'"quantization" of the drafts must be one of {", ".join(DRAFT_QUANTIZATIONS)} '
                                  f"(or absent: dense), got {self.quantization!r}")
+        self._check_synthetic()
         uses_lookup = self.method == NGRAM or self.ngram_first
         if uses_lookup and not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
             raise SpecServeError("need 1 <= prompt_lookup_min <= prompt_lookup_max")
+
+    def _check_synthetic(self) -> None:
+        if self.rejection_sample_method not in ("standard", "synthetic"):
+            raise SpecServeError(f'"rejection_sample_method" must be "standard" or "synthetic", '
+                                 f"got {self.rejection_sample_method!r}")
+        given = [name for name in ("synthetic_acceptance_rates", "synthetic_acceptance_length")
+                 if getattr(self, name) is not None]
+        if self.rejection_sample_method == "standard" and given:
+            raise SpecServeError(f'"{given[0]}" needs "rejection_sample_method": "synthetic" (benchmarks only: '
+                                 "the output then does not follow the target model)")
+        if self.rejection_sample_method == "synthetic" and len(given) != 1:
+            raise SpecServeError('"rejection_sample_method": "synthetic" needs exactly one of '
+                                 '"synthetic_acceptance_rates" and "synthetic_acceptance_length"')
+        if self.synthetic_acceptance_rates is not None:
+            check_rates(self.synthetic_acceptance_rates, self.num_speculative_tokens)
+        if self.synthetic_acceptance_length is not None:
+            if not isinstance(self.synthetic_acceptance_length, (int, float)):
+                raise SpecServeError(f"synthetic_acceptance_length must be a number, "
+                                     f"got {self.synthetic_acceptance_length!r}")
+            rates_for_length(self.synthetic_acceptance_length, self.num_speculative_tokens)
+
+    @property
+    def synthetic_rates(self) -> list[float] | None:
+        """The unconditional per-position acceptance rates of synthetic verification (None: verification)."""
+        if self.rejection_sample_method != "synthetic":
+            return None
+        if self.synthetic_acceptance_rates is not None:
+            return check_rates(self.synthetic_acceptance_rates, self.num_speculative_tokens)
+        return rates_for_length(self.synthetic_acceptance_length, self.num_speculative_tokens)
 
     @classmethod
     def parse(cls, value: "str | dict | SpeculativeConfig | None") -> "SpeculativeConfig | None":

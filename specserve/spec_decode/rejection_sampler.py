@@ -38,9 +38,11 @@ def rejection_sample(
     draft_probs: torch.Tensor | None,   # [D, V] q; None: proposals are deterministic (one-hot q)
     num_draft: list[int],               # [N] l_i, on the host
     generators: list[torch.Generator] | None = None,  # [N] sampled requests' generators; None: greedy
+    synthetic_counts: list[int] | None = None,  # [N] accepted drafts drawn by spec_decode/synthetic.py
 ) -> torch.Tensor:
     """Returns [N, K + 1] committed tokens per request (accepted drafts + one recovered or bonus token),
-    padded with PLACEHOLDER; on the device."""
+    padded with PLACEHOLDER; on the device. With `synthetic_counts` (benchmarks only) request i keeps its
+    first n_i drafts whatever p and q say, then the target's own token at row n_i (argmax, or a draw from p)."""
     device = target_argmax.device
     n_req, k = len(num_draft), max(num_draft, default=0)
     lengths = torch.tensor(num_draft, dtype=torch.long, device=device)  # [N]
@@ -52,7 +54,9 @@ def rejection_sample(
     verify_rows = torch.where(valid, row_start[:, None] + pos, 0)        # [N, K]
     x = draft_token_ids[draft_rows] if k else draft_rows                 # [N, K]
 
-    if target_probs is None:
+    if synthetic_counts is not None:
+        accepted = pos[None, :] < torch.tensor(synthetic_counts, dtype=torch.long, device=device)[:, None]
+    elif target_probs is None:
         accepted = (x == target_argmax[verify_rows]) & valid
     else:
         p_x = target_probs[verify_rows, x]                                        # [N, K]
@@ -70,7 +74,7 @@ def rejection_sample(
     else:
         p = target_probs[final_row]                                       # [N, V]
         rejected = (num_accepted < lengths)[:, None]                      # [N, 1] recovered, not bonus
-        if k:
+        if k and synthetic_counts is None:
             at = num_accepted.clamp(max=k - 1)[:, None]
             if draft_probs is not None:
                 q = draft_probs[draft_rows.gather(1, at)[:, 0]]            # [N, V]
