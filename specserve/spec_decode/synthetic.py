@@ -17,8 +17,6 @@ with one conditional rate c for every position: 1 + c + c^2 + ... + c^k = L, sol
 """
 from __future__ import annotations
 
-import numpy as np
-
 from specserve.errors import SpecServeError
 
 
@@ -52,6 +50,8 @@ class SyntheticAcceptance:
     repeats, and request seeds are left to the tokens the target commits."""
 
     def __init__(self, rates: list[float], seed: int = 0):
+        import numpy as np  # here: the config module that checks rates is imported by `specserve --help`
+
         self.rates = rates
         previous = [1.0] + rates[:-1]
         self.conditional = np.array([r / p if p > 0 else 0.0 for r, p in zip(rates, previous)])
