@@ -46,7 +46,9 @@ def byte_level_bpe(g, tokens: list[str]) -> Tokenizer:
 def spm_merges(tokens: list[str], scores: list[float], types: list[int]) -> list[tuple[str, str]]:
     """BPE merges that reproduce llama.cpp's SentencePiece tokenizer, which has none: it joins the adjacent
     pair whose joined piece is in the vocabulary with the highest score, first. So every split of a normal
-    piece into two normal pieces is a merge, ranked by the joined piece's score (ties: the earlier piece)."""
+    piece into two normal pieces is a merge, ranked by the joined piece's score (ties: the earlier piece).
+    Where one piece's two splits overlap in a word, llama.cpp joins the leftmost and BPE the better-ranked split:
+    possible in principle, not seen on the test vocabularies."""
     normal = {t for t, ty in zip(tokens, types) if ty == NORMAL}
     ranked = sorted((-scores[i], i, k, piece) for i, piece in enumerate(tokens) if piece in normal
                     for k in range(1, len(piece)) if piece[:k] in normal and piece[k:] in normal)
@@ -82,7 +84,7 @@ def gguf_tokenizer_files(g) -> dict[str, dict]:
     types = g.get("tokenizer.ggml.token_type") or [NORMAL] * len(tokens)
     tok = byte_level_bpe(g, tokens) if kind == "gpt2" else sentencepiece_bpe(g, tokens, types)
     # Control and unknown tokens are matched whole in text and skipped when decoding; user-defined ones
-    # (Gemma's whitespace runs, <think>) are matched whole, never split by BPE, and kept.
+    # (<think>, <mask>) are matched whole, never split by BPE, and kept.
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
                             for t, ty in zip(tokens, types) if ty in (CONTROL, UNKNOWN)])
     tok.add_tokens([AddedToken(t, normalized=False) for t, ty in zip(tokens, types) if ty == USER_DEFINED])

@@ -13,8 +13,8 @@ import transformers
 from gguf import MODEL_ARCH, GGMLQuantizationType, GGUFWriter, RopeScalingType, get_tensor_name_map, quants
 from safetensors.torch import load_file, save_file
 
-from tests.byte_vocab import MERGES, TOKENS, TYPES, VOCAB
-from tests.model.gguf_fixtures import _permute, _permute_back
+from tests.byte_vocab import TOKENS, VOCAB
+from tests.model.gguf_fixtures import _permute, _permute_back, add_byte_tokenizer
 from tests.model.spm_vocab import add_spm_tokenizer, spm_vocab, write_spm_gguf
 from tests.tiny_models import byte_tokenizer
 
@@ -104,8 +104,8 @@ def make_family_dir(path: Path, family: str, seed: int = 0, spm: bool = False) -
 
 def write_family_gguf(path: Path, hf_dir: Path, family: str, qtype: str = "F32",
                       spm: bool = False) -> dict[str, torch.Tensor]:
-    """A GGUF file of the model in `hf_dir` (spm: a folder made with spm=True). Returns the Hugging Face state dict a correct loader must
-    reproduce (matrices dequantized; the rest as in the folder)."""
+    """A GGUF file of the model in `hf_dir` (spm: a folder made with spm=True). Returns the Hugging Face state
+    dict a correct loader must reproduce (matrices dequantized; the rest as in the folder)."""
     arch, _, gguf_arch, template = FAMILIES[family]
     cfg = json.loads((hf_dir / "config.json").read_text())
     state = load_file(str(hf_dir / "model.safetensors"))
@@ -143,14 +143,7 @@ def write_family_gguf(path: Path, hf_dir: Path, family: str, qtype: str = "F32",
     if spm:
         add_spm_tokenizer(w, SPM_STYLE[family], template)
     else:
-        w.add_tokenizer_model("gpt2")
-        w.add_tokenizer_pre("smollm")
-        w.add_token_list(TOKENS)
-        w.add_token_merges(MERGES)
-        w.add_token_types(TYPES)
-        w.add_bos_token_id(258)
-        w.add_eos_token_id(259)
-        w.add_chat_template(template or CHATML)
+        add_byte_tokenizer(w, template or CHATML)
     w.add_sampling_temp(0.6)
     w.add_sampling_top_k(40)
     # each layer's experts stacked the way llama.cpp does: [experts, rows, cols] per projection

@@ -47,7 +47,10 @@ def _spm_fragment(ids, scores, text):
             break
         _, i = min(pairs)  # the best score, then the leftmost
         symbols[i:i + 2] = [symbols[i] + symbols[i + 1]]
-    return [ids[s] if s in ids else ids[f"<0x{b:02X}>"] for s in symbols for b in ([0] if s in ids else s.encode())]
+    out = []
+    for s in symbols:
+        out += [ids[s]] if s in ids else [ids[f"<0x{b:02X}>"] for b in s.encode()]
+    return out
 
 
 def file_tokenizer(path):
