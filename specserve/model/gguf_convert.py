@@ -12,6 +12,7 @@ from specserve.errors import ModelLoadError
 from specserve.model.config import ModelConfig, check_rope_scaling
 from specserve.model.families import FAMILIES
 from specserve.model.family import Family
+from specserve.model.gguf_tokenizer import gguf_tokenizer_files
 
 # Dequantized at load (gguf-py); Q8_0, Q4_0, Q4_1 and Q4_K can also stay quantized (model/quantize.py).
 # Q6_K (the attn_v / ffn_down / output matrices of llama.cpp's _M mixes) loads dense: those matrices, and the
@@ -38,16 +39,6 @@ _S = gguf.Keys.General  # general.sampling.* -> generation_config.json's names
 SAMPLING_KEYS = {_S.SAMPLING_TEMP: "temperature", _S.SAMPLING_TOP_P: "top_p", _S.SAMPLING_TOP_K: "top_k",
                  _S.SAMPLING_MIN_P: "min_p", _S.SAMPLING_PENALTY_REPEAT: "repetition_penalty"}
 STACKED_EXPERTS = ("expert_gate", "expert_up", "expert_down")  # [experts, rows, cols] in one tensor
-
-# llama.cpp pre-tokenizer names -> the split regex in front of byte-level BPE. "smollm" and "starcoder"
-# split digits one by one and then use GPT-2's regex.
-GPT2_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
-LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-QWEN2_REGEX = LLAMA3_REGEX.replace(r"\p{N}{1,3}", r"\p{N}")
-PRE_TOKENIZERS = {"default": (False, GPT2_REGEX), "gpt2": (False, GPT2_REGEX),
-                  "smollm": (True, GPT2_REGEX), "starcoder": (True, GPT2_REGEX),
-                  "llama-bpe": (False, LLAMA3_REGEX), "qwen2": (False, QWEN2_REGEX)}
 
 
 class GGUFFile:
@@ -190,55 +181,6 @@ def gguf_state_dict(g: GGUFFile, config: ModelConfig) -> dict[str, torch.Tensor]
         for name, part in zip(names, w if len(names) > 1 else [w]):
             out[name] = torch.from_numpy(np.ascontiguousarray(part))
     return out
-
-
-def gguf_tokenizer_files(g: GGUFFile) -> dict[str, dict]:
-    """tokenizer.json and tokenizer_config.json contents built from the GGUF tokenizer metadata."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
-
-    kind = g.require("tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise ModelLoadError(f"{g.path}: tokenizer model {kind!r} is not supported (only byte-level BPE, 'gpt2')")
-    pre = g.get("tokenizer.ggml.pre", "default")
-    if pre not in PRE_TOKENIZERS:
-        raise ModelLoadError(f"{g.path}: pre-tokenizer {pre!r} is not supported "
-                             f"(supported: {', '.join(PRE_TOKENIZERS)})")
-    tokens = g.require("tokenizer.ggml.tokens")
-    merges = [tuple(m.split(" ", 1)) for m in g.require("tokenizer.ggml.merges")]
-    types = g.get("tokenizer.ggml.token_type") or [1] * len(tokens)
-    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
-    split_digits, regex = PRE_TOKENIZERS[pre]
-    steps = [pre_tokenizers.Digits(individual_digits=True)] if split_digits else []
-    if regex == GPT2_REGEX:
-        steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True))
-    else:
-        steps += [pre_tokenizers.Split(Regex(regex), behavior="isolated"),
-                  pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
-    tok.pre_tokenizer = pre_tokenizers.Sequence(steps)
-    tok.decoder = decoders.ByteLevel()
-    # token_type 3 = control, 4 = user-defined: matched whole, never split by BPE.
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                            for t, ty in zip(tokens, types) if ty == 3])
-    tok.add_tokens([AddedToken(t, normalized=False) for t, ty in zip(tokens, types) if ty == 4])
-
-    def name(key):
-        i = g.get(f"tokenizer.ggml.{key}_token_id")
-        return tokens[i] if i is not None and 0 <= i < len(tokens) else None
-
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
-              "model_max_length": int(g.get(f"{g.get('general.architecture')}.context_length", 2048))}
-    for key in ("bos", "eos", "unknown", "padding"):
-        if name(key) is not None:
-            config[{"unknown": "unk", "padding": "pad"}.get(key, key) + "_token"] = name(key)
-    template = g.get("tokenizer.chat_template")
-    if template:
-        config["chat_template"] = template
-    if g.get("tokenizer.ggml.add_bos_token") and name("bos"):
-        from tokenizers import processors
-        bos = name("bos")
-        tok.post_processor = processors.TemplateProcessing(
-            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tokens.index(bos))])
-    return {"tokenizer.json": json.loads(tok.to_str()), "tokenizer_config.json": config}
 
 
 def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:

@@ -73,16 +73,11 @@ def load_model(name: str, dtype: str | torch.dtype = "float32", device: str = "c
         path = gguf_path(name)
     g = None
     if path.suffix == ".gguf":
-        from tokenizers import Tokenizer as HFTokenizer
-
-        from specserve.model.gguf_convert import GGUFFile, gguf_config, gguf_state_dict, gguf_tokenizer_files
+        from specserve.model.gguf_convert import GGUFFile, gguf_config, gguf_state_dict
+        from specserve.model.gguf_tokenizer import gguf_tokenizer
         g = GGUFFile(path)
         config = gguf_config(g)
-        files = gguf_tokenizer_files(g)
-        tcfg = files["tokenizer_config.json"]
-        special = {k: tcfg[k] for k in ("bos_token", "eos_token", "unk_token", "pad_token") if k in tcfg}
-        tokenizer = Tokenizer(HFTokenizer.from_str(json.dumps(files["tokenizer.json"])),
-                              tcfg.get("chat_template"), special, list(config.eos_token_id))
+        tokenizer = gguf_tokenizer(g, list(config.eos_token_id))
         model = build_model(config, gguf_state_dict(g, config), dtype, device)
     else:
         config = read_config(path)

@@ -1,7 +1,9 @@
 """Tiny random checkpoints of every model family as transformers writes them (a Hugging Face folder with our
 byte-level tokenizer, a family-style chat template and a generation config), and the same models as GGUF
 files written the way llama.cpp's converter writes them (gguf-py's tensor names, experts stacked, Q/K rows
-permuted for its "llama" arch, Gemma's norms stored as 1 + w)."""
+permuted for its "llama" arch, Gemma's norms stored as 1 + w). With spm=True, Mixtral and Gemma 3 carry the
+SentencePiece vocabulary their real files have (tests/model/spm_vocab.py) instead, in the folder as the
+tokenizer.json transformers builds from it."""
 import json
 from pathlib import Path
 
@@ -11,8 +13,9 @@ import transformers
 from gguf import MODEL_ARCH, GGMLQuantizationType, GGUFWriter, RopeScalingType, get_tensor_name_map, quants
 from safetensors.torch import load_file, save_file
 
-from tests.byte_vocab import MERGES, TOKENS, TYPES, VOCAB
-from tests.model.gguf_fixtures import _permute, _permute_back
+from tests.byte_vocab import TOKENS, VOCAB
+from tests.model.gguf_fixtures import _permute, _permute_back, add_byte_tokenizer
+from tests.model.spm_vocab import add_spm_tokenizer, spm_vocab, write_spm_gguf
 from tests.tiny_models import byte_tokenizer
 
 SMALL = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
@@ -47,16 +50,18 @@ FAMILIES = {
         "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"),
 }
 MOE_FAMILIES = ("qwen3_moe", "qwen2_moe", "mixtral")
+SPM_STYLE = {"mixtral": "llama", "gemma3": "gemma"}  # the SentencePiece vocabulary of the family's real files
 # a ChatML-style template for the families that leave it None above
 CHATML = ("{% for m in messages %}{{ '<s>' + m.role + '\n' + m.content + '</s>\n' }}{% endfor %}"
           "{% if add_generation_prompt %}{{ '<s>assistant\n' }}{% endif %}")
 
 
-def reference_model(family: str, seed: int = 0):
+def reference_model(family: str, seed: int = 0, vocab_size: int = VOCAB):
     """A transformers model of the family with random weights, random norms and biases (every weight
     matters) and a router scale that spreads tokens over the experts."""
     arch, make_config, _, _ = FAMILIES[family]
     config = make_config()
+    config.vocab_size = vocab_size
     config._attn_implementation = "eager"
     torch.manual_seed(seed)
     model = getattr(transformers, arch)(config).eval()
@@ -69,22 +74,38 @@ def reference_model(family: str, seed: int = 0):
     return model
 
 
-def make_family_dir(path: Path, family: str, seed: int = 0) -> Path:
+def make_family_dir(path: Path, family: str, seed: int = 0, spm: bool = False) -> Path:
     """A Hugging Face folder of the family as transformers saves it (experts one tensor each), with the byte
-    tokenizer, the family's chat template and a generation_config.json."""
-    model = reference_model(family, seed)
+    tokenizer (spm: the family's SentencePiece one), the family's chat template and a generation_config.json."""
+    style = SPM_STYLE[family] if spm else None
+    tokens = spm_vocab(style)[0] if spm else TOKENS
+    model = reference_model(family, seed, len(tokens))
+    if spm:
+        # Like a trained model's, the head never picks a byte piece of a character the vocabulary has: a random
+        # one strings together invalid UTF-8, on which tokenizers' DecodeStream (engine/output_processor.py)
+        # raises "Invalid prefix encountered".
+        with torch.no_grad():
+            model.get_output_embeddings().weight[tokens.index("<0x00>"):tokens.index("<0xFF>") + 1] = 0
     model.save_pretrained(path)
-    byte_tokenizer().save(str(path / "tokenizer.json"))
+    if spm:
+        write_spm_gguf(path / "vocab.gguf", style)
+        transformers.AutoTokenizer.from_pretrained(path, gguf_file="vocab.gguf").save_pretrained(path)
+        (path / "vocab.gguf").unlink()
+    else:
+        byte_tokenizer().save(str(path / "tokenizer.json"))
+    bos, eos = ("<bos>", "<eos>") if style == "gemma" else ("<s>", "</s>")
     (path / "tokenizer_config.json").write_text(json.dumps({
-        "bos_token": "<s>", "eos_token": "</s>", "chat_template": FAMILIES[family][3] or CHATML}))
+        "bos_token": bos, "eos_token": eos, "chat_template": FAMILIES[family][3] or CHATML}))
     (path / "generation_config.json").write_text(json.dumps(
-        {"bos_token_id": 258, "eos_token_id": 259, "temperature": 0.7, "top_p": 0.8, "top_k": 20}))
+        {"bos_token_id": tokens.index(bos), "eos_token_id": tokens.index(eos), "temperature": 0.7, "top_p": 0.8,
+         "top_k": 20}))
     return path
 
 
-def write_family_gguf(path: Path, hf_dir: Path, family: str, qtype: str = "F32") -> dict[str, torch.Tensor]:
-    """A GGUF file of the model in `hf_dir`. Returns the Hugging Face state dict a correct loader must
-    reproduce (matrices dequantized; the rest as in the folder)."""
+def write_family_gguf(path: Path, hf_dir: Path, family: str, qtype: str = "F32",
+                      spm: bool = False) -> dict[str, torch.Tensor]:
+    """A GGUF file of the model in `hf_dir` (spm: a folder made with spm=True). Returns the Hugging Face state
+    dict a correct loader must reproduce (matrices dequantized; the rest as in the folder)."""
     arch, _, gguf_arch, template = FAMILIES[family]
     cfg = json.loads((hf_dir / "config.json").read_text())
     state = load_file(str(hf_dir / "model.safetensors"))
@@ -119,14 +140,10 @@ def write_family_gguf(path: Path, hf_dir: Path, family: str, qtype: str = "F32")
         w.add_rope_freq_base_swa(rope["sliding_attention"]["rope_theta"])
         w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
         w.add_attention_scale(cfg["query_pre_attn_scalar"] ** -0.5)  # not the scalar llama.cpp would derive
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("smollm")
-    w.add_token_list(TOKENS)
-    w.add_token_merges(MERGES)
-    w.add_token_types(TYPES)
-    w.add_bos_token_id(258)
-    w.add_eos_token_id(259)
-    w.add_chat_template(template or CHATML)
+    if spm:
+        add_spm_tokenizer(w, SPM_STYLE[family], template)
+    else:
+        add_byte_tokenizer(w, template or CHATML)
     w.add_sampling_temp(0.6)
     w.add_sampling_top_k(40)
     # each layer's experts stacked the way llama.cpp does: [experts, rows, cols] per projection

@@ -10,6 +10,18 @@ def _permute(w, n_heads):
     return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def add_byte_tokenizer(w: GGUFWriter, template: str):
+    """The byte-level vocabulary of the tiny models (tests/byte_vocab.py) as GGUF tokenizer metadata."""
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(TOKENS)
+    w.add_token_merges(MERGES)
+    w.add_token_types(TYPES)
+    w.add_bos_token_id(258)
+    w.add_eos_token_id(259)
+    w.add_chat_template(template)
+
+
 def write_gguf(path, hf_state_dict, cfg, qtype="Q8_0", arch="llama"):
     """cfg: dict with hidden, ffn, layers, heads, kv_heads. Returns the dequantized HF state dict that a
     correct loader must reproduce."""
@@ -23,14 +35,7 @@ def write_gguf(path, hf_state_dict, cfg, qtype="Q8_0", arch="llama"):
     w.add_head_count_kv(cfg["kv_heads"])
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-5)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("smollm")
-    w.add_token_list(TOKENS)
-    w.add_token_merges(MERGES)
-    w.add_token_types(TYPES)
-    w.add_bos_token_id(258)
-    w.add_eos_token_id(259)
-    w.add_chat_template("{% for m in messages %}<s>{{ m['content'] }}</s>{% endfor %}")
+    add_byte_tokenizer(w, "{% for m in messages %}<s>{{ m['content'] }}</s>{% endfor %}")
     names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
              "lm_head.weight": "output.weight"}
     block = {"input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",

@@ -1,24 +1,26 @@
 """`specserve serve --model` with each model family, from its Hugging Face folder (with prompt-lookup
 speculation) and from its GGUF file, through the OpenAI API: greedy output equal to the offline engine's,
-chat rendered with the family's own template (the folder's tokenizer_config.json, the file's metadata)."""
+chat rendered with the family's own template (the folder's tokenizer_config.json, the file's metadata).
+Mixtral and Gemma 3 also with the SentencePiece vocabulary their real files carry."""
 import openai
 import pytest
 
 from specserve import LLM, SamplingParams
-from tests.model.family_fixtures import FAMILIES, make_family_dir, write_family_gguf
+from tests.model.family_fixtures import FAMILIES, SPM_STYLE, make_family_dir, write_family_gguf
 from tests.server.conftest import SMALL_KV, ServerProcess
 
 MESSAGES = [{"role": "user", "content": "Hello there"}]
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
-def test_the_family_is_served_from_its_folder_and_its_gguf_file(family, tmp_path):
-    folder = make_family_dir(tmp_path / "hf", family)
-    write_family_gguf(tmp_path / "model.gguf", folder, family, "Q8_0")
+@pytest.mark.parametrize("family,spm", [(f, False) for f in FAMILIES] + [(f, True) for f in SPM_STYLE])
+def test_the_family_is_served_from_its_folder_and_its_gguf_file(family, spm, tmp_path):
+    folder = make_family_dir(tmp_path / "hf", family, spm=spm)
+    write_family_gguf(tmp_path / "model.gguf", folder, family, "Q8_0", spm)
     for source, extra in ((folder, ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}']),
                           (tmp_path / "model.gguf", [])):
         reference = LLM(model=str(source), dtype="float32", num_threads=1)
         prompt = reference.tokenizer.encode_chat(MESSAGES)
+        assert ("\u2581there" in map(reference.tokenizer.hf.id_to_token, prompt)) == spm  # SentencePiece pieces
         want = reference.generate([prompt], SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))[0]
         server = ServerProcess(["--model", str(source), "--dtype", "float32", "--kv-cache-memory", SMALL_KV,
                                 "--max-model-len", "256", "--served-model-name", family, *extra],
