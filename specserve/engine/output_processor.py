@@ -8,11 +8,17 @@ string is held back until the next tokens decide it.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from tokenizers.decoders import DecodeStream
 
 from specserve.engine.sequence import Sequence
+
+log = logging.getLogger("specserve.engine")
+# tokenizers' DecodeStream raises this when byte-fallback pieces stop being valid UTF-8 after it emitted
+# their first characters (its text so far is no longer a prefix of the decoded ids).
+INVALID_PREFIX = "Invalid prefix encountered"
 
 
 @dataclass(slots=True)
@@ -54,7 +60,7 @@ class OutputProcessor:
             n = seq.num_output_tokens + i + 1  # output length with this token
             if token in state.stop_ids and n > p.min_tokens:
                 return Verdict(i + 1, "stop", token)
-            piece = state.stream.step(self.tokenizer.hf, token)
+            piece = self._step(seq, state, token)
             if piece:
                 start = max(0, len(state.text) - state.holdback)
                 state.text += piece
@@ -67,6 +73,20 @@ class OutputProcessor:
             if n >= p.max_tokens:
                 return Verdict(i + 1, "length")
         return Verdict(len(tokens))
+
+    def _step(self, seq: Sequence, state: RequestText, token: int) -> str | None:
+        """The text `token` adds. A model may emit byte pieces that are not UTF-8 (any byte-fallback
+        vocabulary: Llama 2, Mistral, Gemma): the stream cannot go on from there, so a fresh one starts at
+        this token (the stray bytes are dropped) instead of the exception ending every request in the step."""
+        try:
+            return state.stream.step(self.tokenizer.hf, token)
+        except Exception as e:
+            if INVALID_PREFIX not in str(e):
+                raise
+            log.warning("request %s: its output is not valid UTF-8 at token %d; detokenizing on from there",
+                        seq.request_id, token)
+            state.stream = DecodeStream(skip_special_tokens=seq.params.skip_special_tokens)
+            return state.stream.step(self.tokenizer.hf, token)
 
     def take_new_text(self, request_id: str, finished: bool) -> str:
         """Text not yet handed out, holding back a possible stop-string prefix until the end."""

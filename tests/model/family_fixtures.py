@@ -80,12 +80,6 @@ def make_family_dir(path: Path, family: str, seed: int = 0, spm: bool = False) -
     style = SPM_STYLE[family] if spm else None
     tokens = spm_vocab(style)[0] if spm else TOKENS
     model = reference_model(family, seed, len(tokens))
-    if spm:
-        # Like a trained model's, the head never picks a byte piece of a character the vocabulary has: a random
-        # one strings together invalid UTF-8, on which tokenizers' DecodeStream (engine/output_processor.py)
-        # raises "Invalid prefix encountered".
-        with torch.no_grad():
-            model.get_output_embeddings().weight[tokens.index("<0x00>"):tokens.index("<0xFF>") + 1] = 0
     model.save_pretrained(path)
     if spm:
         write_spm_gguf(path / "vocab.gguf", style)
