@@ -1,13 +1,18 @@
 """GGUF (llama.cpp) -> Hugging Face layout: config, dequantized weights, tokenizer, chat template."""
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+from dataclasses import dataclass
+from importlib.metadata import version
 from pathlib import Path
 
 import gguf
 import numpy as np
 import torch
 
+from specserve.cache import cache_dir
 from specserve.errors import ModelLoadError
 from specserve.model.config import ModelConfig, check_rope_scaling
 from specserve.model.families import FAMILIES
@@ -42,27 +47,80 @@ STACKED_EXPERTS = ("expert_gate", "expert_up", "expert_down")  # [experts, rows,
 
 
 class GGUFFile:
-    """Metadata and tensors of one GGUF file, with errors that name the file."""
+    """Metadata and tensors of one GGUF file, with errors that name the file.
+
+    gguf-py's reader parses every metadata field into numpy views, ~2 s for a tokenizer of 49k tokens and
+    merges, on every start. What it found (the fields' values; each tensor's type, shape and place in the
+    file) is kept in the cache, keyed by the file's path, size and modification time, so a later load reads
+    that index and maps the tensors straight from the file, as the same numpy views."""
 
     def __init__(self, path: Path):
-        from gguf import GGUFReader
         self.path = path
         if not path.is_file():
             raise ModelLoadError(f"GGUF file not found: {path}")
-        try:
-            self.reader = GGUFReader(str(path))
-        except Exception as e:  # gguf raises ValueError/struct.error/etc. on damaged files
-            raise ModelLoadError(f"corrupt or unreadable GGUF file {path}: {e}") from None
+        index = _read_index(path)
+        if index is None:
+            index = _build_index(path)
+        self.fields: dict = index["fields"]
+        data = np.memmap(path, dtype=np.uint8, mode="r")
+        self.tensors = [GGUFTensor(t["name"], gguf.GGMLQuantizationType(t["type"]), t["shape"],
+                                   np.ndarray(t["view"], np.dtype(t["dtype"]), data, t["offset"]))
+                        for t in index["tensors"]]
 
     def get(self, key: str, default=None):
-        field = self.reader.fields.get(key)
-        return default if field is None else field.contents()
+        value = self.fields.get(key)
+        return default if value is None else value
 
     def require(self, key: str):
         value = self.get(key)
         if value is None:
             raise ModelLoadError(f"GGUF file {self.path} has no metadata key {key!r}")
         return value
+
+
+@dataclass(slots=True)
+class GGUFTensor:
+    name: str
+    tensor_type: gguf.GGMLQuantizationType
+    shape: list[int]  # GGUF's order, innermost dimension first
+    data: np.ndarray  # gguf-py's view: float arrays in numpy order, quantized ones as [rows, row bytes]
+
+
+INDEX_VERSION = 1
+
+
+def _index_path(path: Path) -> Path:
+    stat = path.stat()
+    key = f"{INDEX_VERSION}|{version('gguf')}|{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+    return cache_dir() / "gguf_index" / f"{hashlib.sha1(key.encode()).hexdigest()[:20]}.json"
+
+
+def _read_index(path: Path) -> dict | None:
+    try:
+        return json.loads(_index_path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _build_index(path: Path) -> dict:
+    from gguf import GGUFReader
+    try:
+        reader = GGUFReader(str(path))
+    except Exception as e:  # gguf raises ValueError/struct.error/etc. on damaged files
+        raise ModelLoadError(f"corrupt or unreadable GGUF file {path}: {e}") from None
+    index = {"fields": {key: field.contents() for key, field in reader.fields.items()},
+             "tensors": [{"name": t.name, "type": int(t.tensor_type), "shape": [int(n) for n in t.shape],
+                          "view": list(t.data.shape), "dtype": t.data.dtype.str, "offset": int(t.data_offset)}
+                         for t in reader.tensors]}
+    out = _index_path(path)
+    try:  # a read-only cache only costs the next start its parse
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(index))
+        tmp.replace(out)
+    except (OSError, TypeError, ValueError):
+        pass
+    return index
 
 
 def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -85,14 +143,14 @@ def gguf_family(g: GGUFFile) -> Family:
 def gguf_config(g: GGUFFile) -> ModelConfig:
     family = gguf_family(g)
     arch = g.require("general.architecture")
-    if "rope_freqs.weight" in {t.name for t in g.reader.tensors}:
+    if "rope_freqs.weight" in {t.name for t in g.tensors}:
         raise ModelLoadError(f"{g.path}: GGUF rope_freqs (llama3 rope scaling) is not supported; "
                              "load the Hugging Face checkpoint instead")
     heads = g.require(f"{arch}.attention.head_count")
     hidden = g.require(f"{arch}.embedding_length")
     scaling = g.get(f"{arch}.rope.scaling.type")
     layers = g.require(f"{arch}.block_count")
-    names = {t.name for t in g.reader.tensors}
+    names = {t.name for t in g.tensors}
     fields = dict(
         vocab_size=g.get(f"{arch}.vocab_size") or len(g.require("tokenizer.ggml.tokens")),
         hidden_size=hidden,
@@ -159,7 +217,7 @@ def gguf_state_dict(g: GGUFFile, config: ModelConfig) -> dict[str, torch.Tensor]
     from gguf.quants import dequantize
     family = config.family
     out = {}
-    for t in g.reader.tensors:
+    for t in g.tensors:
         names = hf_tensor_names(config, t.name, config.num_experts)
         if not names:
             raise ModelLoadError(f"unexpected tensor {t.name!r} in {g.path}")

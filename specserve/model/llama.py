@@ -131,7 +131,11 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.config = config
         rank = config.embedding_rank
-        self.embed_tokens = nn.Embedding(config.vocab_size, rank or config.hidden_size, device=device)
+        shape = (config.vocab_size, rank or config.hidden_size)
+        # On the meta device its weight is given, so nn.Embedding skips its random init: normal_ there imports
+        # torch._dynamo, ~0.8 s of every startup. Elsewhere (a draft trained from scratch) it keeps the init.
+        self.embed_tokens = nn.Embedding(*shape, device=device,
+                                         _weight=torch.empty(shape, device="meta") if str(device) == "meta" else None)
         self.embed_proj = nn.Linear(rank, config.hidden_size, bias=False, device=device) if rank else None
         self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=False, device=device) \
             if config.eagle else None

@@ -48,7 +48,7 @@ def _gguf_blocks(g, config) -> dict[str, list[tuple[str, np.ndarray]]]:
     in a format the kernel reads; other matrices (float, other formats) are absent (they load dense). Expert
     e of layer i's MoE: "layers.i.moe.experts.e.gate_up" and ".down"."""
     from specserve.model.gguf_convert import _unpermute
-    tensors = {t.name: t for t in g.reader.tensors}
+    tensors = {t.name: t for t in g.tensors}
     unpermute = config.family.permuted_qk_in_gguf
 
     def part(name: str, heads: int | None = None):
