@@ -141,13 +141,16 @@ def run_engine_process(config, commands, messages) -> None:
             message = ("failed", message[1], EngineDeadError(f"{type(message[2]).__name__}: {message[2]}"))
         messages.put(message)
 
+    start = time.perf_counter()
     try:
         from specserve.engine.llm_engine import LLMEngine
+        imported = time.perf_counter()
         engine = LLMEngine(config)
     except BaseException as e:
         emit(("died", str(e) if isinstance(e, SpecServeError) else f"{type(e).__name__}: {e}"))
         return
-    log.info("engine process %d ready", os.getpid())
+    log.info("engine process %d ready: imports %.2f s, engine %.2f s", os.getpid(), imported - start,
+             time.perf_counter() - imported)
     EngineLoop(engine, commands, emit).run()
 
 

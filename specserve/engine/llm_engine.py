@@ -78,7 +78,9 @@ class LLMEngine:
         # Threads given: kept. Otherwise the step runs on the cores other processes leave free.
         self.threads = ThreadGovernor(torch.get_num_threads()) if not config.num_threads else None
         torch.manual_seed(config.seed)  # unseeded requests draw their generator seeds from here
+        clock = time.perf_counter()
         target = load_model(config.model, config.dtype, config.device, quantization=config.quantization)
+        phases = {"target": time.perf_counter() - clock}
         if config.quantization:
             log.info("weights: %s, %s activations (--quantization none loads them dense)",
                      weight_summary(target.model), config.dtype)
@@ -89,7 +91,9 @@ class LLMEngine:
             raise SpecServeError(f"max_model_len {self.max_model_len} exceeds the model's context "
                                  f"({target.config.max_position_embeddings})")
         spec = config.speculative_config
+        clock = time.perf_counter()
         drafts = load_drafts(spec, target, config) if spec else []
+        phases["drafts"] = time.perf_counter() - clock
         device, dtype = torch.device(config.device), target.model.embed_tokens.weight.dtype
         per_block = kv_bytes_per_block(target.model, config.block_size, dtype)
         for draft in drafts:  # each draft has its own cache tensors over the target's block tables
@@ -107,14 +111,19 @@ class LLMEngine:
                                         max_model_len=self.max_model_len + k, enforce_eager=config.enforce_eager,
                                         max_graph_tokens=min(512, config.max_num_batched_tokens),
                                         max_num_seqs=config.max_num_seqs)
+        clock = time.perf_counter()
         self.runner = make_runner(target.model)
         self.models = SpeculationModels(k)
         self.proposer = build_proposer(spec, drafts, target, make_runner, DraftChoice(self.models)) if spec else None
         # (No closure over self: an engine in a reference cycle would keep its KV cache until a GC pass.)
         self._measure_costs = functools.partial(profile_step_costs, self.runner, self.proposer, config, target, drafts)
         self.policy = make_policy(spec.policy, k, spec.policy_options, self.models) if spec else None
+        phases["runners"] = time.perf_counter() - clock
         if (self.policy is not None and self.policy.uses_cost_model) or config.slo_tpot_ms:
+            clock = time.perf_counter()
             self.profile_costs()
+            phases["cost profile"] = time.perf_counter() - clock
+        log.info("startup: %s", ", ".join(f"{name} {seconds:.2f} s" for name, seconds in phases.items()))
         synthetic = spec.synthetic_rates if spec else None
         if synthetic:
             log.warning("synthetic acceptance: drafts kept at rates %s, not verified; outputs do not follow "

@@ -211,9 +211,10 @@ def gguf_generation_config(g: GGUFFile) -> dict:
     return out | {name: g.get(key) for key, name in SAMPLING_KEYS.items() if g.get(key) is not None}
 
 
-def gguf_state_dict(g: GGUFFile, config: ModelConfig) -> dict[str, torch.Tensor]:
+def gguf_state_dict(g: GGUFFile, config: ModelConfig, skip: set[str] = frozenset()) -> dict[str, torch.Tensor]:
     """Dequantized float32 tensors under Hugging Face names (norms without the family's offset, which
-    llama.cpp adds: the loader adds it back, weights.py)."""
+    llama.cpp adds: the loader adds it back, weights.py). The tensors named in `skip` (ones that stay
+    quantized: quantize.gguf_kernel_tensors) come as zeros of their shape, not dequantized."""
     from gguf.quants import dequantize
     family = config.family
     out = {}
@@ -225,8 +226,12 @@ def gguf_state_dict(g: GGUFFile, config: ModelConfig) -> dict[str, torch.Tensor]
         if qtype not in SUPPORTED_QUANTS:
             raise ModelLoadError(f"tensor {t.name} in {g.path} uses quantization {qtype}, which is not "
                                  f"supported (supported: {', '.join(sorted(SUPPORTED_QUANTS))})")
-        w = dequantize(t.data, t.tensor_type).astype(np.float32)
-        w = w.reshape([int(n) for n in reversed(t.shape)])  # GGUF lists dims innermost-first
+        shape = [int(n) for n in reversed(t.shape)]  # GGUF lists dims innermost-first
+        if t.name in skip:
+            for name in names:  # one name, or one per expert of a stacked tensor
+                out[name] = torch.zeros(()).expand(shape[1:] if len(names) > 1 else shape)
+            continue
+        w = dequantize(t.data, t.tensor_type).astype(np.float32).reshape(shape)
         name = names[0]
         if family.permuted_qk_in_gguf and name.endswith(("q_proj.weight", "q_proj.bias")):
             w = _unpermute(w, config.num_attention_heads)

@@ -78,7 +78,9 @@ def load_model(name: str, dtype: str | torch.dtype = "float32", device: str = "c
         g = GGUFFile(path)
         config = gguf_config(g)
         tokenizer = gguf_tokenizer(g, list(config.eos_token_id))
-        model = build_model(config, gguf_state_dict(g, config), dtype, device)
+        from specserve.model.quantize import gguf_kernel_tensors
+        kept = gguf_kernel_tensors(g, config) if quantization == "gguf" else set()  # never dequantized
+        model = build_model(config, gguf_state_dict(g, config, kept), dtype, device)
     else:
         config = read_config(path)
         eos = _generation_eos(path) or list(config.eos_token_id)

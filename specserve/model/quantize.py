@@ -42,6 +42,39 @@ def _targets(model: nn.Module) -> dict[str, nn.Linear]:
     return {path: m for path, m in out.items() if isinstance(m, nn.Linear)}
 
 
+def _gguf_groups(g, config) -> dict[str, list[tuple[str, int | None]]]:
+    """Our module path -> the GGUF tensors its rows come from, in order, each with the head count that
+    undoes llama.cpp's Q/K permutation (None: none). A layer's stacked experts are one group under
+    "layers.i.moe.experts" (gate, up, down: [experts, rows, bytes] each)."""
+    out = {}
+    for i in range(config.num_hidden_layers):
+        b, p = f"blk.{i}.", f"layers.{i}."
+        groups = {"qkv_proj": [(b + "attn_q.weight", config.num_attention_heads),
+                               (b + "attn_k.weight", config.num_key_value_heads), (b + "attn_v.weight", None)],
+                  "o_proj": [(b + "attn_output.weight", None)], "down_proj": [(b + "ffn_down.weight", None)],
+                  "gate_up_proj": [(b + "ffn_gate.weight", None), (b + "ffn_up.weight", None)],
+                  "moe.shared_expert.gate_up_proj": [(b + "ffn_gate_shexp.weight", None),
+                                                     (b + "ffn_up_shexp.weight", None)],
+                  "moe.shared_expert.down_proj": [(b + "ffn_down_shexp.weight", None)],
+                  "moe.experts": [(b + f"ffn_{n}_exps.weight", None) for n in ("gate", "up", "down")]}
+        out |= {p + name: parts for name, parts in groups.items()}
+    out["lm_head"] = [("output.weight" if any(t.name == "output.weight" for t in g.tensors)
+                       else "token_embd.weight", None)]
+    return out
+
+
+def _in_kernel_format(tensors: dict, names: list[tuple[str, int | None]]) -> bool:
+    return all(name in tensors and tensors[name].tensor_type.name.lower() in QUANT_FORMATS for name, _ in names)
+
+
+def gguf_kernel_tensors(g, config) -> set[str]:
+    """The GGUF tensors that quantize_model(..., "gguf") takes as blocks (the loader need not dequantize
+    them: their values never reach the model); the token embedding, a dense table, is not one of them."""
+    tensors = {t.name: t for t in g.tensors}
+    return {name for names in _gguf_groups(g, config).values() if _in_kernel_format(tensors, names)
+            for name, _ in names} - {"token_embd.weight"}
+
+
 def _gguf_blocks(g, config) -> dict[str, list[tuple[str, np.ndarray]]]:
     """GGUF tensors in our fused layout, as parts [(format, blocks [rows, bytes])] in row order, consecutive
     tensors of one format merged (a _M file's q/k/v: [("q4_k", q and k), ("q6_k", v)]), where every tensor is
@@ -51,17 +84,12 @@ def _gguf_blocks(g, config) -> dict[str, list[tuple[str, np.ndarray]]]:
     tensors = {t.name: t for t in g.tensors}
     unpermute = config.family.permuted_qk_in_gguf
 
-    def part(name: str, heads: int | None = None):
-        t = tensors.get(name)
-        fmt = t.tensor_type.name.lower() if t is not None else None
-        if fmt not in QUANT_FORMATS:
-            return None
+    def part(name: str, heads: int | None):
+        t = tensors[name]
         data = np.asarray(t.data)
-        return fmt, (_unpermute(data, heads) if unpermute and heads else data)
+        return t.tensor_type.name.lower(), (_unpermute(data, heads) if unpermute and heads else data)
 
-    def merged(parts: list) -> list | None:
-        if any(p is None for p in parts):
-            return None
+    def merged(parts: list) -> list:
         out = []
         for fmt, data in parts:
             if out and out[-1][0] == fmt:
@@ -71,27 +99,17 @@ def _gguf_blocks(g, config) -> dict[str, list[tuple[str, np.ndarray]]]:
         return out
 
     out = {}
-    for i in range(config.num_hidden_layers):
-        b, p = f"blk.{i}.", f"layers.{i}."
-        groups = {"qkv_proj": [part(b + "attn_q.weight", config.num_attention_heads),
-                               part(b + "attn_k.weight", config.num_key_value_heads), part(b + "attn_v.weight")],
-                  "o_proj": [part(b + "attn_output.weight")], "down_proj": [part(b + "ffn_down.weight")],
-                  "gate_up_proj": [part(b + "ffn_gate.weight"), part(b + "ffn_up.weight")],
-                  "moe.shared_expert.gate_up_proj": [part(b + "ffn_gate_shexp.weight"),
-                                                     part(b + "ffn_up_shexp.weight")],
-                  "moe.shared_expert.down_proj": [part(b + "ffn_down_shexp.weight")]}
-        experts = [part(b + f"ffn_{n}_exps.weight") for n in ("gate", "up", "down")]  # [experts, rows, bytes]
-        if all(e is not None for e in experts):
-            (gate_fmt, gate), (up_fmt, up), (down_fmt, down) = experts
-            for e in range(config.num_experts):
-                groups[f"moe.experts.{e}.gate_up"] = [(gate_fmt, gate[e]), (up_fmt, up[e])]
-                groups[f"moe.experts.{e}.down"] = [(down_fmt, down[e])]
-        for name, parts in groups.items():
-            if (m := merged(parts)) is not None:
-                out[p + name] = m
-    head = part("output.weight") if "output.weight" in tensors else part("token_embd.weight")
-    if head is not None:
-        out["lm_head"] = [head]
+    for path, names in _gguf_groups(g, config).items():
+        if not _in_kernel_format(tensors, names):
+            continue
+        parts = [part(name, heads) for name, heads in names]
+        if not path.endswith("moe.experts"):
+            out[path] = merged(parts)
+            continue
+        (gate_fmt, gate), (up_fmt, up), (down_fmt, down) = parts
+        for e in range(config.num_experts):
+            out[f"{path}.{e}.gate_up"] = merged([(gate_fmt, gate[e]), (up_fmt, up[e])])
+            out[f"{path}.{e}.down"] = [(down_fmt, down[e])]
     return out
 
 
