@@ -10,8 +10,8 @@ ROOT = Path(specserve.__file__).parent
 
 # Bottom first: a module imports modules of its own layer and the layers below, never one above.
 LAYERS = [
-    ("foundation", {"specserve.errors", "specserve.seeding", "specserve.sampling", "specserve.device_sync",
-                    "specserve.cache", "specserve.console", "specserve.batch"}),
+    ("foundation", {"specserve.errors", "specserve.settings", "specserve.seeding", "specserve.sampling",
+                    "specserve.device_sync", "specserve.cache", "specserve.console", "specserve.batch"}),
     # Independent of one another; latency/ is here because spec_decode's planned policy reads its fits.
     ("model and measurement", {"specserve.model", "specserve.latency", "specserve.benchmark"}),
     ("structured output", {"specserve.structured_output"}),  # grammars the sampler and the proposers obey
