@@ -10,9 +10,9 @@ from typing import IO
 
 from rich.console import Console
 
-# Wider than any table specserve prints. Tables and text are not padded out to the console's width,
-# so this costs nothing; only renderables that expand to fill it (console.log, rules, bars) must stay
-# off a piped console.
+# Wider than any table specserve prints. Tables, text and progress bars (a fixed-width bar) are not padded
+# out to the console's width, so this costs nothing; what expands to fill it (console.log, rules, a table
+# made with expand=True) must stay off a piped console.
 UNBOUNDED_WIDTH = 10_000
 
 
