@@ -73,6 +73,8 @@ def test_the_commands_load_without_torch_or_ray():
     """Building the parser (every `specserve ... --help`, and `specserve serve` before it starts) reads the
     scale-out flags only: Ray and the rest of scaleout/ load when `serve --replicas` runs."""
     code = "import sys; from specserve.cli import build_parser; build_parser(); print(' '.join(sys.modules))"
-    loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = set(run.stdout.split())
     assert "specserve.server.cli" in loaded and not {"torch", "ray"} & loaded
-    assert {m for m in loaded if m.startswith("specserve.scaleout")} == {"specserve.scaleout", "specserve.scaleout.args"}
+    scaleout = {m for m in loaded if m.startswith("specserve.scaleout")}
+    assert scaleout == {"specserve.scaleout", "specserve.scaleout.args"}

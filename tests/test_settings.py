@@ -9,13 +9,12 @@ ROOT = Path(specserve.__file__).parent
 # Modules that touch the environment without reading a setting: __init__ sets OpenMP's spin count before
 # torch loads, scaleout/process.py hands the environment to the Ray server it starts.
 NOT_SETTINGS = {"__init__.py", "scaleout/process.py"}
-
-
 ENVIRON = {"environ", "getenv"}
 
 
 def _is_environ(node: ast.AST) -> bool:
-    return (isinstance(node, ast.Attribute) and node.attr in ENVIRON) or (isinstance(node, ast.Name) and node.id in ENVIRON)
+    return ((isinstance(node, ast.Attribute) and node.attr in ENVIRON)
+            or (isinstance(node, ast.Name) and node.id in ENVIRON))
 
 
 def environment_uses(tree: ast.AST) -> list[int]:
