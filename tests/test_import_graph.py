@@ -19,8 +19,9 @@ LAYERS = [
     ("engine", {"specserve.engine", "specserve"}),  # the package itself re-exports the engine's LLM
     ("applications", {"specserve.server", "specserve.distill"}),
     ("scale-out", {"specserve.scaleout"}),  # N copies of the server's app on Ray Serve
-    ("commands", {"specserve.cli", "specserve.__main__"}),  # and every package's cli.py: a command may reach
-]                                                             # any layer (the serve command: the scale-out)
+    # And every package's cli.py: a command may reach any layer (`serve --replicas` the scale-out).
+    ("commands", {"specserve.cli", "specserve.__main__"}),
+]
 # Imports under `if TYPE_CHECKING:` that name a higher layer's type for the reader; Python never runs them.
 TYPE_ONLY_UPWARD = {("specserve.batch", "specserve.engine.sequence")}  # a step schedules requests
 
@@ -36,12 +37,12 @@ def _type_checking_only(tree: ast.Module) -> set[ast.AST]:
             in ("TYPE_CHECKING", "typing.TYPE_CHECKING") for stmt in block.body for node in ast.walk(stmt)}
 
 
-def imports_of(path: Path, modules: set[str], type_only: bool = True) -> set[str]:
+def imports_of(path: Path, modules: set[str], type_checking: bool = True) -> set[str]:
     """The package's modules that `path` imports (`from a import b` names module a.b when there is one);
-    with type_only false, not those imported only for type checkers."""
+    with type_checking false, not those imported for type checkers only."""
     found = set()
     tree = ast.parse(path.read_text(), str(path))
-    skipped = set() if type_only else _type_checking_only(tree)
+    skipped = set() if type_checking else _type_checking_only(tree)
     for node in ast.walk(tree):
         if node in skipped:
             continue
@@ -53,9 +54,9 @@ def imports_of(path: Path, modules: set[str], type_only: bool = True) -> set[str
     return {m for m in found if m in modules}
 
 
-def import_graph(type_only: bool = True) -> dict[str, set[str]]:
+def import_graph(type_checking: bool = True) -> dict[str, set[str]]:
     paths = {module_name(p): p for p in ROOT.rglob("*.py")}
-    return {m: imports_of(p, set(paths), type_only) - {m} for m, p in paths.items()}
+    return {m: imports_of(p, set(paths), type_checking) - {m} for m, p in paths.items()}
 
 
 def layer_of(module: str) -> int:
@@ -115,18 +116,18 @@ def test_the_check_finds_a_circle():
 
 
 def test_no_import_up_the_layers():
-    upward = upward_imports(import_graph(type_only=False))
+    upward = upward_imports(import_graph(type_checking=False))
     assert not upward, "imports from a lower layer into a higher one:\n  " + "\n  ".join(upward)
 
 
 def test_type_only_imports_up_the_layers_are_the_known_ones():
-    full, runtime = import_graph(), import_graph(type_only=False)
+    full, runtime = import_graph(), import_graph(type_checking=False)
     type_only = {(m, d) for m in full for d in full[m] - runtime[m] if layer_of(d) > layer_of(m)}
     assert type_only == TYPE_ONLY_UPWARD
 
 
 def test_the_check_finds_an_upward_import():
-    graph = import_graph(type_only=False)
+    graph = import_graph(type_checking=False)
     graph["specserve.batch"].add("specserve.engine.sequence")  # what the step types once did
     graph["specserve.structured_output"].add("specserve.spec_decode.config")  # and structured output
     assert upward_imports(graph) == [
