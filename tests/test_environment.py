@@ -53,6 +53,19 @@ def test_only_the_settings_module_reads_the_environment():
     assert not found, f"read the environment outside specserve/settings.py (module: lines): {found}"
 
 
+def test_no_test_sets_a_variable_its_own_process_has_read():
+    """specserve read the environment at import: monkeypatch.setenv("SPECSERVE_...") in a test would change
+    nothing there (a test sets the settings attribute, or the environment of a process it starts)."""
+    found = []
+    for path in sorted(Path(__file__).parent.rglob("*.py")):
+        for n in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("setenv", "delenv")
+                    and n.args and isinstance(n.args[0], ast.Constant)
+                    and str(n.args[0].value).startswith("SPECSERVE_")):
+                found.append(f"{path.name}:{n.lineno}")
+    assert not found
+
+
 def test_the_check_sees_each_way_of_reading():
     code = ("import os\nos.getenv('SPECSERVE_A')\nos.environ.get('SPECSERVE_B')\nos.environ['SPECSERVE_C']\n"
             "'SPECSERVE_D' in os.environ\nos.environ.get('HOME')\n")
