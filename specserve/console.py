@@ -19,6 +19,6 @@ UNBOUNDED_WIDTH = 10_000
 def console(file: IO[str] | None = None) -> Console:
     """A console on `file` (default stdout): the terminal's width on a terminal, unbounded otherwise."""
     out = Console(file=file)
-    if not out.is_terminal:
+    if not out.file.isatty():  # not rich's is_terminal, which FORCE_COLOR turns on for a pipe too
         out.width = UNBOUNDED_WIDTH
     return out

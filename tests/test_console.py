@@ -30,3 +30,5 @@ def test_a_terminal_keeps_its_own_width(monkeypatch):
     monkeypatch.setenv("COLUMNS", "100")
     assert console(_Terminal()).width == 100
     assert console(io.StringIO()).width == UNBOUNDED_WIDTH
+    monkeypatch.setenv("FORCE_COLOR", "1")  # colours in a pipe, still a pipe's width
+    assert console(io.StringIO()).width == UNBOUNDED_WIDTH
