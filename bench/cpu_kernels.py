@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specserve.benchmark.machine import cpu_flags, cpu_model
+from specserve.settings import settings
 
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "lm_head": (49152, 576)}
 ROWS = [1, 2, 4, 5, 8, 9, 16, 32, 64]
@@ -218,12 +219,12 @@ def before_issue_45(model: nn.Module) -> None:
 def load_variants(args) -> dict:
     from specserve.model.loader import load_model
     from specserve.model.quantize import weight_summary
-    variants = {}
+    variants, default_int8_dot = {}, settings.int8_dot
     for name in args.variants.split(","):
         quant = {"ours q8_0": "q8_0", "ours q4_0": "q4_0", "ours gguf": "gguf", "exact gguf": "gguf"}.get(name)
-        os.environ["SPECSERVE_INT8_DOT"] = "0" if name.startswith("exact") else "1"
+        settings.int8_dot = not name.startswith("exact")
         loaded = load_model(args.model, "bfloat16", "cpu", quantization=quant)
-        os.environ.pop("SPECSERVE_INT8_DOT")
+        settings.int8_dot = default_int8_dot
         summary = weight_summary(loaded.model)  # before packing: counts nn.Linear and KernelLinear
         if name == "before bf16":
             before_issue_45(loaded.model)
@@ -238,7 +239,7 @@ def bench_model(args) -> list[dict]:
     per_seq = -(-(args.context + max(r for _, r in FORWARD_SHAPES)) // block)
     tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(max_seqs)]
     prompt = list(range(100, 100 + args.context))
-    runners, summaries = {}, {}
+    runners, summaries, default_batch_invariant = {}, {}, settings.batch_invariant
     for name, (model, summary) in load_variants(args).items():
         runners[name] = ModelRunner(model, max_seqs * per_seq, block)
         summaries[name] = summary
@@ -247,7 +248,7 @@ def bench_model(args) -> list[dict]:
     def forward(name: str, seqs: int, rows: int) -> tuple[float, float]:
         """(wall, CPU time of this thread) of one forward. Every row of a verify asks for logits; the
         cached context stays as it is."""
-        os.environ["SPECSERVE_BATCH_INVARIANT"] = "0" if name == "before bf16" else "1"
+        settings.batch_invariant = name != "before bf16"
         items = [ForwardItem([5] * rows, args.context + rows, tables[i], rows if rows <= 16 else 1)
                  for i in range(seqs)]
         wall, cpu = time.perf_counter(), time.thread_time()
@@ -256,7 +257,7 @@ def bench_model(args) -> list[dict]:
 
     for name in runners:  # fill every sequence's cache once, then warm up each shape
         for table in tables:
-            os.environ["SPECSERVE_BATCH_INVARIANT"] = "0" if name == "before bf16" else "1"
+            settings.batch_invariant = name != "before bf16"
             runners[name].forward([ForwardItem(prompt, args.context, table, 1)])
         for shape in FORWARD_SHAPES:
             forward(name, *shape)
@@ -270,7 +271,7 @@ def bench_model(args) -> list[dict]:
                 times[name, shape].append(statistics.median(w for w, _ in samples))
                 cpu[name, shape] += [c for _, c in samples]
         print(f"repeat {rep + 1}/{args.repeats} done", flush=True)
-    os.environ.pop("SPECSERVE_BATCH_INVARIANT", None)
+    settings.batch_invariant = default_batch_invariant
     out = []
     for (name, (seqs, rows)), ts in times.items():
         p25, med, p75 = quantiles(ts)

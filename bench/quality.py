@@ -38,11 +38,12 @@ import torch
 import torch.nn.functional as F
 
 from specserve.benchmark.machine import cpu_model
+from specserve.settings import settings
 
 RESULTS = Path(__file__).parent / "results" / "quality"
 STDLIB_FILES = ["json/decoder.py", "textwrap.py", "argparse.py", "dataclasses.py", "functools.py", "heapq.py",
                 "shlex.py", "string.py", "fractions.py", "statistics.py", "csv.py", "difflib.py"]
-VARIANTS = {"dense": (None, "1"), "exact": ("gguf", "0"), "int8 dot": ("gguf", "1")}  # quantization, INT8_DOT
+VARIANTS = {"dense": (None, True), "exact": ("gguf", False), "int8 dot": ("gguf", True)}  # quantization, int8 dot
 
 
 def texts(chunks: int) -> dict[str, list[str]]:
@@ -112,14 +113,14 @@ def evaluate(args) -> tuple[list[dict], list[dict]]:
     from specserve.model.loader import load_model
     from specserve.model.quantize import weight_summary
     docs = texts(args.chunks)
-    models, summaries = {}, {}
+    models, summaries, default_int8_dot = {}, {}, settings.int8_dot
     for name, (quant, dot) in VARIANTS.items():
-        os.environ["SPECSERVE_INT8_DOT"] = dot
+        settings.int8_dot = dot
         loaded = load_model(args.model, args.dtype, "cpu", quantization=quant)
         models[name], summaries[name] = loaded.model, weight_summary(loaded.model)
         tokenizer = loaded.tokenizer
         print(f"{name}: {summaries[name]}", flush=True)
-    os.environ.pop("SPECSERVE_INT8_DOT")
+    settings.int8_dot = default_int8_dot
     llama_rows = evaluate_llama_protocol(args, models, tokenizer, docs) if args.llama_perplexity else []
     out = []
     for kind, documents in docs.items():

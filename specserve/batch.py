@@ -11,11 +11,12 @@ A step in these terms (engine/llm_engine.py):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from specserve.engine.sequence import Sequence, SpecStats
+if TYPE_CHECKING:  # the request a step schedules, named for the reader: these types sit below the engine
+    from specserve.engine.sequence import Sequence, SpecStats
 
 
 @dataclass(slots=True)

@@ -1,9 +1,10 @@
 """Where specserve keeps what it downloads and builds: converted models and compiled CPU kernels."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from specserve.settings import settings
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("SPECSERVE_CACHE") or Path.home() / ".cache" / "specserve")
+    return settings.cache

@@ -17,13 +17,13 @@ from __future__ import annotations
 import functools
 import json
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import torch
 
 from specserve.device_sync import to_host
 from specserve.errors import InvalidRequestError
-from specserve.spec_decode.config import FREE
 
 
 log = logging.getLogger(__name__)
@@ -178,10 +178,10 @@ def kept_drafts(valid: int, length: int, stochastic: bool) -> int:
     return min(length, valid + 1) if stochastic and valid < length else valid
 
 
-def cut_drafts(decodes, proposal) -> dict[int, list[int]]:
+def cut_drafts(decodes, proposal, lookups: Collection[str]) -> dict[int, list[int]]:
     """Cuts each guided decode's drafts after the first token its grammar forbids (kept_drafts; proposal.lengths
     in place); returns the grammar-valid drafts of each guided decode, by index. One host read of the drafts
-    when any is guided."""
+    when any is guided. `lookups`: the proposers whose drafts are looked up, not drawn (their q is one-hot)."""
     guided = [i for i, s in enumerate(decodes) if s.seq.grammar is not None]
     if not guided:
         return {}
@@ -191,7 +191,7 @@ def cut_drafts(decodes, proposal) -> dict[int, list[int]]:
     for r, i in enumerate(guided):
         drafts = rows[r][:proposal.lengths[i]] if rows else []
         n = decodes[i].seq.grammar.valid_prefix(drafts) if drafts else 0
-        stochastic = proposal.probs is not None and i in proposal.sampled and proposal.sources[i] not in FREE
+        stochastic = proposal.probs is not None and i in proposal.sampled and proposal.sources[i] not in lookups
         proposal.lengths[i] = kept_drafts(n, len(drafts), stochastic)
         kept[i] = drafts[:n]
     return kept

@@ -1,6 +1,8 @@
 """`specserve --help` and every subcommand's help say what the command is for, show an example, and name
 every option's default."""
 import argparse
+import subprocess
+import sys
 
 import pytest
 
@@ -65,3 +67,14 @@ def test_a_new_option_without_a_default_in_its_help_gets_one():
     text = " ".join(p.format_help().split())
     assert "something new (default: 0.5)" in text and "--bare BARE (default: none)" in text
     assert "--flag" in text and text.count("(default:") == 2
+
+
+def test_the_commands_load_without_torch_or_ray():
+    """Building the parser (every `specserve ... --help`, and `specserve serve` before it starts) reads the
+    scale-out flags only: Ray and the rest of scaleout/ load when `serve --replicas` runs."""
+    code = "import sys; from specserve.cli import build_parser; build_parser(); print(' '.join(sys.modules))"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = set(run.stdout.split())
+    assert "specserve.server.cli" in loaded and not {"torch", "ray"} & loaded
+    scaleout = {m for m in loaded if m.startswith("specserve.scaleout")}
+    assert scaleout == {"specserve.scaleout", "specserve.scaleout.args"}

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
+
+from specserve.settings import settings
 
 RUN_HELP = "benchmark an OpenAI-compatible server (trace replay, Poisson/Gamma, closed loop)"
 DEFAULT_RESULTS = "bench_results.jsonl"
@@ -41,7 +42,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--base-url", help="server URL, e.g. http://127.0.0.1:8000 (with or without /v1)")
     g.add_argument("--model", help="model name to send (default: the first one /v1/models lists)")
     g.add_argument("--endpoint", choices=("completions", "chat"), default="completions")
-    g.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
+    g.add_argument("--api-key", default=settings.openai_api_key,
                    help="bearer token (default: $OPENAI_API_KEY)")
     g.add_argument("--label", default="default", help="name of this server configuration in the results")
     g.add_argument("--k", type=int, help="its speculation length (0 = no speculative decoding)")

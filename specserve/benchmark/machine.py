@@ -5,10 +5,11 @@ the bench/ scripts take both from here.
 """
 from __future__ import annotations
 
-import os
 import platform
 import subprocess
 from pathlib import Path
+
+from specserve.settings import settings
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -41,8 +42,8 @@ def cpu_name() -> str:
 def git_commit(default: str = "") -> str:
     """This checkout's short commit hash; $SPECSERVE_COMMIT where set (a lent device's copy of the tree has no
     .git, or a stale one); `default` outside a git checkout."""
-    if os.environ.get("SPECSERVE_COMMIT"):
-        return os.environ["SPECSERVE_COMMIT"]
+    if settings.commit:
+        return settings.commit
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
     except OSError:

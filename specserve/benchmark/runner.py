@@ -105,9 +105,11 @@ class _Progress:
         if enabled:
             from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                                        TimeElapsedColumn)
+
+            from specserve.console import console
             self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                 TextColumn("failed {task.fields[failed]}"), TimeElapsedColumn(),
-                                transient=False)
+                                transient=False, console=console())
             self.task = self.bar.add_task(label, total=total, failed=0)
         self.failed = 0
 

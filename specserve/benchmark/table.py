@@ -47,10 +47,11 @@ def notes(record: dict) -> list[str]:
 
 
 def print_run(record: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    from specserve.console import console
+
+    out = console()
     title = (f"{record['label']} — {record['arrival']['process']}, offered "
              f"{_num(record.get('offered_rate'))} req/s, achieved {_num(record.get('achieved_rate'))} req/s")
     lat = Table(title=title)
@@ -58,7 +59,7 @@ def print_run(record: dict) -> None:
         lat.add_column(col, justify="right")
     for name, key in (("TTFT", "ttft_s"), ("TPOT", "tpot_s"), ("ITL", "itl_s"), ("E2E", "e2e_s")):
         lat.add_row(name, *(_ms(record.get(key), s) for s in ("mean", "median", "p90", "p99")))
-    console.print(lat)
+    out.print(lat)
     facts = Table(show_header=False)
     facts.add_column("", justify="left")
     facts.add_column("", justify="right")
@@ -92,7 +93,7 @@ def print_run(record: dict) -> None:
         rows.append(("prefix cache hit rate (prompt tokens)", f"{record['prefix_cache_hit_rate']:.1%}"))
     for r in rows:
         facts.add_row(*r)
-    console.print(facts)
+    out.print(facts)
     if record.get("turns"):
         turns = Table(title="by turn of the conversation")
         for col in ("turn", "requests", "mean prompt tokens", "mean TTFT (ms)", "mean E2E (ms)"):
@@ -101,14 +102,15 @@ def print_run(record: dict) -> None:
             turns.add_row(str(t["turn"]), str(t["requests"]), _num(t["mean_prompt_tokens"], "{:.0f}"),
                           _num(None if t["mean_ttft_s"] is None else 1e3 * t["mean_ttft_s"], "{:.0f}"),
                           _num(None if t["mean_e2e_s"] is None else 1e3 * t["mean_e2e_s"], "{:.0f}"))
-        console.print(turns)
+        out.print(turns)
     for n in notes(record):
-        console.print(f"[yellow]note:[/yellow] {n}")
+        out.print(f"[yellow]note:[/yellow] {n}")
 
 
 def print_sweep(records: list[dict]) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from specserve.console import console
 
     t = Table(title="sweep")
     for col in ("label", "offered", "achieved", "in flight", "λ·L", "slope", "TTFT p50", "TPOT p50",
@@ -121,4 +123,4 @@ def print_sweep(records: list[dict]) -> None:
                   _ms(r.get("tpot_s"), "median"), _ms(r.get("e2e_s"), "mean"), _ms(r.get("e2e_s"), "p99"),
                   _num(r.get("slo_attainment"), "{:.0%}"),
                   _num((r.get("spec") or {}).get("mean_acceptance_length")))
-    Console().print(t)
+    console().print(t)

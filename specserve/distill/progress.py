@@ -1,21 +1,22 @@
 """Progress bar for distillation: loss, tokens/s, held-out top-1 agreement, ETA. When stdout is not a
-terminal (a background run writing a log) it prints one plain line every 30 s instead."""
+terminal (a background run writing a log) it prints one plain line every 30 s instead, and log messages as
+plain timestamped lines (rich would fold them to 80 columns)."""
 from __future__ import annotations
 
 import sys
 import time
 
-from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from specserve.console import console
 
 
 class ProgressBar:
     def __init__(self):
-        self.console = Console(stderr=False)
         self.interactive = sys.stdout.isatty()
         self.progress = Progress(TextColumn("distill"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                                  TextColumn("{task.fields[stats]}"), TimeElapsedColumn(), TextColumn("ETA"),
-                                 TimeRemainingColumn(), console=self.console) if self.interactive else None
+                                 TimeRemainingColumn(), console=console()) if self.interactive else None
         self.task = None
         self.last_line = 0.0
 
@@ -30,8 +31,10 @@ class ProgressBar:
             self.progress.stop()
 
     def log(self, message: str) -> None:
-        (self.progress.console if self.progress else self.console).log(message)
-        sys.stdout.flush()
+        if self.progress:
+            self.progress.console.log(message)
+        else:
+            print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
     def update(self, progress: float, step: int, loss: float, agreement: float | None, tokens_per_s: float,
                elapsed: float) -> None:

@@ -24,14 +24,13 @@ sends prefill chunks of more than 32 tokens to the eager path, as before.
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import torch
 
 from specserve.batch import ForwardItem
 from specserve.model.attention import KERNEL_QUERY_CHUNK, AttentionMetadata, ShortQueries
 from specserve.model.gpu_attention import QMAX_VARIANTS
+from specserve.settings import settings
 
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512)
 STAGING_RING = 4  # pinned input buffers in turn: a draft model runs several forwards before the step's sync
@@ -57,7 +56,7 @@ class CudaGraphRunner:
                                   device=self.device)
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.pool = None
-        self.prefill = os.environ.get("SPECSERVE_GRAPH_PREFILL") != "0"  # prefill chunks past 32 tokens too
+        self.prefill = settings.graph_prefill  # prefill chunks past 32 tokens too
 
     def capture_all(self, max_decodes: int) -> None:
         """Captures, largest first (smaller graphs then reuse the pool's memory), pure-decode steps of up to

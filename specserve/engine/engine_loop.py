@@ -11,8 +11,9 @@ A request can only fail itself: an exception while adding it goes to that reques
 retried once without its newest request, the others recomputed from their tokens (a failed step may have
 left draft caches half-written); if the next step fails too, everything in flight fails.
 
-A test hook: with SPECSERVE_TEST_STEP_PACE_S=x in its environment the loop sleeps x s after every step, so a
-request of n tokens takes at least n*x/(k+1) s on any machine and a test can act while it provably still runs.
+A test hook: a loop whose `pace_s` is x sleeps x s after every step, so a request of n tokens takes at least
+n*x/(k+1) s on any machine and a test can act while it provably still runs. Tests set it through the
+environment of the server they start (SPECSERVE_TEST_STEP_PACE_S, read once by specserve/settings.py).
 """
 from __future__ import annotations
 
@@ -24,11 +25,11 @@ import time
 from dataclasses import dataclass
 
 from specserve.errors import SpecServeError
+from specserve.settings import settings
 
 log = logging.getLogger("specserve.engine")
 
 IDLE_WAIT_S = 0.5  # the longest the loop waits for a command, between heartbeats, while there is nothing to do
-STEP_PACE_ENV = "SPECSERVE_TEST_STEP_PACE_S"  # tests only: seconds to sleep after every step (see above)
 
 
 class EngineDeadError(RuntimeError):
@@ -51,7 +52,7 @@ class EngineLoop:
         self.engine, self.commands, self.emit = engine, commands, emit
         self.stopped = False
         self._recovering = False  # the last step failed and its suspect was removed
-        self.pace = float(os.environ.get(STEP_PACE_ENV) or 0)
+        self.pace_s = settings.test_step_pace_s  # tests only (see above); 0: no pause
 
     def run(self) -> None:
         try:
@@ -68,8 +69,8 @@ class EngineLoop:
                     continue
                 self._recovering = False
                 self.emit(("step", outputs, self.engine.last_stats, self.gauges()))
-                if self.pace:
-                    time.sleep(self.pace)
+                if self.pace_s:
+                    time.sleep(self.pace_s)
         except BaseException as e:  # a bug outside the step guard: say so everywhere rather than hang
             log.critical("the engine loop died", exc_info=e)
             self.emit(("died", f"the engine loop died: {type(e).__name__}: {e}"))

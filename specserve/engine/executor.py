@@ -12,6 +12,7 @@ from specserve.batch import ForwardItem, PhaseTimes, Proposal, StepPlan, StepRes
 from specserve.engine.model_runner import ModelRunner
 from specserve.engine.sampler import Sampler, prompt_logprobs
 from specserve.engine.sequence import Sequence
+from specserve.spec_decode.config import FREE
 from specserve.structured_output import apply_logit_bias, cut_drafts, logit_bias
 
 # A hidden-state tap receives, after each step, the target's final hidden state of every position that stays
@@ -75,7 +76,7 @@ class Executor:
         clock.mark()
         proposal = self.propose(plan)
         t_cut = time.perf_counter()
-        kept = cut_drafts(plan.decodes, proposal)  # structured output: drafts its grammar forbids go now
+        kept = cut_drafts(plan.decodes, proposal, FREE)  # structured output: drafts its grammar forbids go now
         t1 = time.perf_counter()
         clock.mark()
         items, owners, sampling, draft_ids, prompt_rows = self._forward_items(plan, proposal)

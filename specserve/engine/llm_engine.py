@@ -12,7 +12,6 @@ import dataclasses
 import functools
 import itertools
 import logging
-import os
 import time
 
 import torch
@@ -34,6 +33,7 @@ from specserve.errors import InvalidRequestError, SpecServeError
 from specserve.model import kernels as cpu_kernels
 from specserve.model.loader import load_model
 from specserve.model.quantize import weight_summary
+from specserve.settings import settings
 from specserve.spec_decode.choice import DraftChoice
 from specserve.spec_decode.cost_model import StepCostModel
 from specserve.spec_decode.draft_loader import build_proposer, draft_runners, load_drafts
@@ -62,7 +62,7 @@ class EngineInfo:
 def profile_step_costs(runner, proposer, config: EngineConfig, target, drafts) -> StepCostModel:
     """The step cost model's startup sweep, cached per model pair, device, dtype, quantization, kernels (their
     settings and build: edited kernels are measured again), threads and budget."""
-    kernels = [os.environ.get(v) for v in ("SPECSERVE_CPU_KERNELS", "SPECSERVE_BATCH_INVARIANT", "SPECSERVE_INT8_DOT")]
+    kernels = [settings.cpu_kernels, settings.batch_invariant, settings.int8_dot]
     kernels.append(cpu_kernels.library_id() if runner.device.type == "cpu" else None)
     key = "|".join(map(str, [target.path, [d.path for d in drafts], config.device, config.dtype,
                              config.quantization, kernels, torch.get_num_threads(), config.max_num_batched_tokens,

@@ -126,4 +126,5 @@ def register(subparsers) -> None:
     p = sub.add_parser("validate", help="held-out rate and held-out k errors (MAPE tables)")
     _fit_options(p)
     p.add_argument("--markdown", help="also write the tables as Markdown to this file")
+    p.add_argument("--json", action="store_true", help="print the cross-validation results as JSON instead")
     p.set_defaults(func=_handler("validate"))

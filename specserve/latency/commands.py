@@ -261,12 +261,18 @@ def plot(args: argparse.Namespace) -> int:
 
 
 def validate(args: argparse.Namespace) -> int:
-    from specserve.latency.validate import markdown, render, validate_files
+    from specserve.latency.validate import GOALS, markdown, render, validate_files
 
     report = validate_files(args.results, _options(args, True), _pairs(args.k, int, "--k"),
                             _pairs(args.alpha, float, "--alpha"))
-    render(report)
     if args.markdown:
         Path(args.markdown).write_text(markdown(report))
+    if args.json:
+        print(json.dumps(model_file.finite_json({
+            "cross_validation": report.cross_validation, "e2e_mape_goals_pct": GOALS,
+            "excluded": report.excluded, "notes": report.notes}), indent=1))
+        return 0
+    render(report)
+    if args.markdown:
         print(f"wrote {args.markdown}")
     return 0

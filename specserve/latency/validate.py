@@ -100,12 +100,14 @@ def markdown(report: FitReport) -> str:
     return "\n".join(parts)
 
 
-def render(report: FitReport, console=None) -> None:
-    """Print the tables with rich (notes on held-out groups a metric could not be predicted for)."""
-    from rich.console import Console
+def render(report: FitReport, out=None) -> None:
+    """Print the tables with rich (notes on held-out groups a metric could not be predicted for) to the
+    console `out` (default: stdout, never truncated)."""
     from rich.table import Table
 
-    console = console or Console()
+    from specserve.console import console
+
+    out = out or console()
     for by, result in report.cross_validation.items():
         table = Table(title=TITLES[by])
         for i, name in enumerate(header(result)):
@@ -113,8 +115,8 @@ def render(report: FitReport, console=None) -> None:
         body = rows(result)
         for i, row in enumerate(body):
             table.add_row(*row, end_section=i == len(body) - 2)
-        console.print(table)
-        console.print(goal_line(by, result))
+        out.print(table)
+        out.print(goal_line(by, result))
         for g in result["groups"]:
             if g.get("note"):
-                console.print(f"  {g['held_out']}: {g['note']}")
+                out.print(f"  {g['held_out']}: {g['note']}")

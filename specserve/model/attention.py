@@ -27,7 +27,6 @@ batched matmul without repeating keys. Scores are taken in float32 for the softm
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 import torch
@@ -35,6 +34,7 @@ import torch.nn.functional as F
 
 from specserve.model import gpu_attention
 from specserve.model.kernels import short_attention
+from specserve.settings import settings
 
 SHORT_QUERY_MAX = 16  # decodes and verifies (k+1 <= 16) share a group; longer queries are prefill chunks
 # With batch invariance on (the default, see `batch_invariant`), the C kernel takes every query, prefill
@@ -52,7 +52,7 @@ def batch_invariant() -> bool:
     (a recompute after preemption) rounds exactly as the decodes and verifies of the same tokens did. It
     cost +2% on a 256-token bf16 prefill here against SDPA (docs/cpu-kernels.md). The linear layers'
     side of the setting is `cpu_linear.invariant_linears`."""
-    return os.environ.get("SPECSERVE_BATCH_INVARIANT", "") != "0"
+    return settings.batch_invariant is not False
 
 
 @dataclass(slots=True)

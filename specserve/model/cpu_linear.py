@@ -18,14 +18,13 @@ returns silu(gate) * up straight from the kernel, with no [rows, 2 * intermediat
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from specserve.model import kernels
+from specserve.settings import settings
 
 QUANT_FORMATS = ("q8_0", "q4_0", "q4_1", "q4_k", "q6_k")  # what KernelLinear reads (gguf-py quantizes the first 3)
 DENSE_FORMATS = {torch.float32: "f32", torch.bfloat16: "bf16"}
@@ -37,7 +36,7 @@ Q4_LAYOUT = {"q4_0": (2, 1), "q4_1": (4, 1), "q4_k": (16, 8)}
 
 def int8_dot_default() -> bool:
     """Whether GGUF blocks load for integer dot products (SPECSERVE_INT8_DOT, default 1) or exact (0)."""
-    return os.environ.get("SPECSERVE_INT8_DOT", "1") != "0"
+    return settings.int8_dot
 
 
 def invariant_linears(dtype: torch.dtype) -> bool:
@@ -45,8 +44,7 @@ def invariant_linears(dtype: torch.dtype) -> bool:
     rather than oneDNN's packed weight above SMALL_ROWS rows. SPECSERVE_BATCH_INVARIANT=1: always;
     =0: never; unset: all but float32, where oneDNN's prefill GEMM is fast enough that invariance cost
     +32% of a 256-token prefill here (bf16: oneDNN cannot pack it without AVX-512, ours is 5x F.linear)."""
-    setting = os.environ.get("SPECSERVE_BATCH_INVARIANT", "")
-    return setting == "1" or (setting != "0" and dtype != torch.float32)
+    return dtype != torch.float32 if settings.batch_invariant is None else settings.batch_invariant
 
 
 def kernel_can_run(weight: torch.Tensor) -> bool:

@@ -20,9 +20,9 @@ measured on (bench/gpu.py: up to ~400 tokens); a split-K variant would be the ne
 """
 from __future__ import annotations
 
-import os
-
 import torch
+
+from specserve.settings import settings
 
 try:
     import triton
@@ -38,7 +38,7 @@ def supported(dtype: torch.dtype, device: torch.device, head_dim: int) -> bool:
     """Whether the engine sends short queries to `short_attention`: on a CUDA device with Triton, for head
     sizes a tile can hold (SPECSERVE_GPU_ATTENTION=torch keeps the torch ops path). The tests also run the
     kernel on the CPU under Triton's interpreter (TRITON_INTERPRET=1)."""
-    if triton is None or os.environ.get("SPECSERVE_GPU_ATTENTION") == "torch":
+    if triton is None or settings.gpu_attention == "torch":
         return False
     return device.type == "cuda" and dtype in (torch.float32, torch.bfloat16, torch.float16) and \
         16 <= head_dim <= 256 and head_dim & (head_dim - 1) == 0

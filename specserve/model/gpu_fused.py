@@ -14,16 +14,13 @@ The tests run these kernels on the CPU under Triton's interpreter against the to
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
 from specserve.model.gpu_attention import triton
+from specserve.settings import settings
 
 if triton is not None:
     import triton.language as tl
-
-ENABLED = os.environ.get("SPECSERVE_GPU_FUSED") != "0"  # read once: the layers ask on every call
 
 
 def supported(x: torch.Tensor, head_dim: int | None = None) -> bool:
@@ -31,7 +28,7 @@ def supported(x: torch.Tensor, head_dim: int | None = None) -> bool:
     (no autograd: the residual stream is updated in place), not switched off; with `head_dim`, also rope's
     (a power of two: Triton's tiles). The tests also call the kernels on the CPU under Triton's interpreter."""
     return (triton is not None and x.device.type == "cuda" and not torch.is_grad_enabled()
-            and ENABLED
+            and settings.gpu_fused
             and (head_dim is None or (head_dim >= 2 and head_dim & (head_dim - 1) == 0)))
 
 

@@ -2,16 +2,14 @@
 from __future__ import annotations
 
 import argparse
-import os
 
 from specserve.engine.args import add_engine_args
 from specserve.engine.config import SERVER_MAX_NUM_BATCHED_TOKENS
 from specserve.scaleout.args import add_scaleout_args
 from specserve.server.limits import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_TIMEOUT_READ_S
 from specserve.server.tool_parsers import PARSER_NAMES
+from specserve.settings import API_KEY_ENV, settings
 from specserve.spec_decode.config import speculative_choice
-
-API_KEY_ENV = "SPECSERVE_API_KEY"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -101,7 +99,7 @@ def _serve(args) -> int:
         from specserve.scaleout.launch import serve_replicas
         args.speculative_config, why = speculative_choice(args.speculative_config, args.model)
         log.info(why)
-        args.api_key = args.api_key or os.environ.get(API_KEY_ENV)
+        args.api_key = args.api_key or settings.api_key
         return serve_replicas(args)
 
     from specserve.server import launch
@@ -119,7 +117,7 @@ def _serve(args) -> int:
         log.info(why)
         engine = AsyncLLMEngine(engine_config_from_args(args), stall_timeout=args.engine_stall_timeout,
                                 process=not args.engine_thread, max_restarts=args.engine_restarts)
-        app = build_app(engine, args.served_model_name or [args.model], args.api_key or os.environ.get(API_KEY_ENV),
+        app = build_app(engine, args.served_model_name or [args.model], args.api_key or settings.api_key,
                         args.max_queue, max_request_bytes=args.max_request_bytes, timeout_read=args.timeout_read,
                         sampling_defaults=sampling_defaults, tool_call_parser=args.tool_call_parser)
         launch.run(app, engine, sock, args.drain_timeout, access_log=not args.disable_access_log,

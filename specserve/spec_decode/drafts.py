@@ -7,14 +7,13 @@ or chat) pins "default" to one of them instead. A list of names or directories r
 """
 from __future__ import annotations
 
-import os
 from importlib import resources
 from pathlib import Path
 
 from specserve.errors import SpecServeError
+from specserve.settings import DEFAULT_DRAFT_ENV, settings
 
 SHIPPED = ("code", "chat")  # routing breaks ties in this order
-DEFAULT_ENV = "SPECSERVE_DEFAULT_DRAFT"
 
 
 def shipped_draft_dir(name: str) -> Path:
@@ -34,9 +33,9 @@ def resolve_drafts(model: str | list[str]) -> list[str]:
         return [resolve_draft(name) for name in model]
     if model != "default":
         return [resolve_draft(model)]
-    pinned = os.environ.get(DEFAULT_ENV)
+    pinned = settings.default_draft
     if pinned is not None:
         if pinned not in SHIPPED:
-            raise SpecServeError(f"{DEFAULT_ENV}={pinned!r}: choose one of {', '.join(SHIPPED)}")
+            raise SpecServeError(f"{DEFAULT_DRAFT_ENV}={pinned!r}: choose one of {', '.join(SHIPPED)}")
         return [resolve_draft(pinned)]
     return [resolve_draft(name) for name in SHIPPED]

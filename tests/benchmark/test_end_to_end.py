@@ -170,7 +170,7 @@ def test_unreachable_server(tmp_path):
     assert main(["bench", "--base-url", url, "--no-progress"]) == 2    # no --model and no /v1/models
 
 
-def test_sweep_two_configs_then_report(server, tmp_path):
+def test_sweep_two_configs_then_report(server, tmp_path, capsys):
     configs = tmp_path / "configs.json"
     configs.write_text(json.dumps([{"label": "k0", "base_url": server.url, "k": 0},
                                    {"label": "k4", "base_url": server.url, "k": 4,
@@ -184,6 +184,10 @@ def test_sweep_two_configs_then_report(server, tmp_path):
     assert [(r["label"], r["offered_rate"]) for r in runs] == [("k0", 10), ("k0", 20), ("k4", 10), ("k4", 20)]
     assert runs[3]["server_config"] == {"method": "draft"} and runs[3]["k"] == 4
     assert all(validate_run(r) == [] and r["sweep"]["rate"] == r["offered_rate"] for r in runs)
+    # The sweep table is wider than 80 columns; piped (capsys is no terminal) it still prints whole.
+    shown = capsys.readouterr().out
+    header = next(line for line in shown.splitlines() if "offered" in line and "accept len" in line)
+    assert "…" not in shown and all(c in header for c in ("in flight", "TTFT p50", "E2E p99", "SLO met"))
     out = tmp_path / "report"
     assert main(["bench", "report", str(results), "--out", str(out)]) == 0
     pngs = {p.name for p in out.glob("*.png")}

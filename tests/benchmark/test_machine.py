@@ -2,6 +2,7 @@
 import pytest
 
 from specserve.benchmark import machine
+from specserve.settings import settings
 
 CPUINFO = "processor\t: 0\nmodel name\t: Example CPU 9000\nflags\t\t: fpu sse2 {flags}\n\n"
 
@@ -20,7 +21,7 @@ def test_without_cpuinfo_the_name_comes_from_platform(monkeypatch):
 
 
 def test_outside_a_checkout_the_commit_is_the_default(monkeypatch, tmp_path):
-    monkeypatch.delenv("SPECSERVE_COMMIT", raising=False)
+    monkeypatch.setattr(settings, "commit", None)
     monkeypatch.setattr(machine, "REPO", tmp_path)
     assert machine.git_commit("?") == "?"
 
@@ -28,5 +29,5 @@ def test_outside_a_checkout_the_commit_is_the_default(monkeypatch, tmp_path):
 def test_a_named_commit_wins_over_the_checkouts(monkeypatch):
     """A lent device's copy of the tree carries a stale .git (a GPU run once recorded the session's first
     commit): the caller names the commit."""
-    monkeypatch.setenv("SPECSERVE_COMMIT", "abc1234")
+    monkeypatch.setattr(settings, "commit", "abc1234")
     assert machine.git_commit("?") == "abc1234"

@@ -4,6 +4,7 @@ import json
 import pytest
 
 from specserve.errors import SpecServeError
+from specserve.settings import settings
 from specserve.spec_decode import drafts
 
 
@@ -20,13 +21,13 @@ def test_shipped_draft_is_a_small_reduced_vocabulary_hf_directory(name):
 
 
 def test_default_routes_between_the_shipped_drafts_and_the_environment_pins_one(monkeypatch):
-    monkeypatch.delenv(drafts.DEFAULT_ENV, raising=False)
+    monkeypatch.setattr(settings, "default_draft", None)
     shipped = [str(drafts.shipped_draft_dir(name)) for name in ("code", "chat")]
     assert drafts.resolve_drafts("default") == shipped
-    monkeypatch.setenv(drafts.DEFAULT_ENV, "chat")
+    monkeypatch.setattr(settings, "default_draft", "chat")
     assert drafts.resolve_drafts("default") == shipped[1:]
-    monkeypatch.setenv(drafts.DEFAULT_ENV, "poetry")
-    with pytest.raises(SpecServeError, match="choose one of"):
+    monkeypatch.setattr(settings, "default_draft", "poetry")
+    with pytest.raises(SpecServeError, match="SPECSERVE_DEFAULT_DRAFT='poetry': choose one of"):
         drafts.resolve_drafts("default")
     assert drafts.resolve_drafts("/some/dir") == ["/some/dir"]
     assert drafts.resolve_drafts(["chat", "/some/dir"]) == [shipped[1], "/some/dir"]
@@ -41,7 +42,7 @@ def test_default_drafts_speculate_for_smollm2_each_on_its_own_prompts(smollm2_di
     docs/experiments/engine-benchmarks.md, "Losslessness in float32 and bf16". On the code prompt that happened at the 7th token in bf16 with an earlier build."""
     from specserve import LLM, SamplingParams
     from tests.spec_decode.test_router import recording_routes
-    monkeypatch.delenv(drafts.DEFAULT_ENV, raising=False)
+    monkeypatch.setattr(settings, "default_draft", None)
     params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
     prompts = ["def fibonacci(n):\n    ", "Why do leaves change their colour in autumn? Explain it to a child."]
     llm = LLM(model=str(smollm2_dir), dtype="float32",

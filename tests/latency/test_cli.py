@@ -120,6 +120,23 @@ def test_validate_tables(fitted, sweep_file, tmp_path, capsys):
     assert md.read_text() == text
 
 
+def test_validate_piped_prints_whole_tables_and_json(sweep_file, capsys):
+    # capsys is no terminal: rich would assume 80 columns and cut the headers to "MAP…"
+    assert main(["latency", "validate", str(sweep_file)]) == 0
+    shown = capsys.readouterr().out
+    assert "…" not in shown
+    header = next(line for line in shown.splitlines() if "held out" in line)
+    assert all(name in header for name in ("E2E MAPE", "TTFT MAPE", "TPOT MAPE", "E2E p95 MAPE", "E2E p99 MAPE",
+                                           BIAS_COLUMN, SE_COLUMN))
+    assert "Held-out configurations (leave one (alpha, k) out)" in shown and "all held-out points" in shown
+    assert main(["latency", "validate", str(sweep_file), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert set(data["cross_validation"]) == {"rate", "configuration"}
+    assert data["e2e_mape_goals_pct"] == GOALS and len(data["excluded"]) == 3
+    overall = data["cross_validation"]["rate"]["overall"]["e2e"]["mape"]
+    assert f"met ({overall:.2f}%)" in shown
+
+
 @pytest.mark.parametrize("pairs, mape, bias", [
     ([(10.0, 11.0), (10.0, 8.0)], 15.0, -5.0),       # scatter: errors of both signs, bias smaller than MAPE
     ([(10.0, 9.0), (20.0, 18.0)], 10.0, -10.0),      # a systematic miss: |bias| equals the MAPE

@@ -12,6 +12,7 @@ from specserve.model.kernels import short_attention_supported
 from specserve.model.llama import LlamaModel
 from specserve.model.packed_linear import pack_linears
 from specserve.model.quantize import quantize_model
+from specserve.settings import settings
 
 pytestmark = pytest.mark.skipif(not (kernel_can_run(torch.zeros(1)) and short_attention_supported(
     torch.float32, torch.device("cpu"))), reason="no C compiler: batch invariance needs the kernels")
@@ -45,10 +46,7 @@ def run(model, cache, seqs):
 def invariance(monkeypatch, dtype):
     """Default (unset) for bf16; float32 dense linears need SPECSERVE_BATCH_INVARIANT=1 (by default
     their prefill-sized inputs take oneDNN, see cpu_linear.invariant_linears)."""
-    if dtype == torch.float32:
-        monkeypatch.setenv("SPECSERVE_BATCH_INVARIANT", "1")
-    else:
-        monkeypatch.delenv("SPECSERVE_BATCH_INVARIANT", raising=False)
+    monkeypatch.setattr(settings, "batch_invariant", True if dtype == torch.float32 else None)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -90,7 +88,7 @@ def test_the_one_call_forward_gives_the_bits_of_the_layer_by_layer_one(dtype, mo
 
 def test_float32_linears_take_onednn_for_prefills_by_default(monkeypatch):
     from specserve.model.packed_linear import can_pack
-    monkeypatch.delenv("SPECSERVE_BATCH_INVARIANT", raising=False)
+    monkeypatch.setattr(settings, "batch_invariant", None)
     model = tiny(torch.float32, None)
     large = model.layers[0].qkv_proj.large
     assert (large is not None) == can_pack(torch.zeros(1))

@@ -17,6 +17,7 @@ from torch import nn
 
 from specserve.model import kernels
 from specserve.model.cpu_linear import KernelLinear, dequantize_gguf, kernel_can_run, quantize
+from specserve.settings import settings
 from tests.model.gguf_fixtures import random_q4_k, random_q6_k
 
 pytestmark = pytest.mark.skipif(not kernel_can_run(torch.zeros(1)), reason="no C compiler: no kernel here")
@@ -173,11 +174,11 @@ def test_portable_build_matches_too():
 
 
 def test_can_be_turned_off(monkeypatch):
-    monkeypatch.setenv("SPECSERVE_CPU_KERNELS", "0")
+    monkeypatch.setattr(settings, "cpu_kernels", False)
     kernels._library.cache_clear()
     try:
         assert not kernel_can_run(torch.zeros(1))
     finally:
-        monkeypatch.delenv("SPECSERVE_CPU_KERNELS")
+        monkeypatch.setattr(settings, "cpu_kernels", True)
         kernels._library.cache_clear()
     assert kernel_can_run(torch.zeros(1)) and not kernel_can_run(torch.zeros(1).half())

@@ -15,6 +15,7 @@ from specserve.model.loader import load_model
 from specserve.model.mlp import MoE
 from specserve.model.packed_linear import pack_linears
 from specserve.model.quantize import weight_summary
+from specserve.settings import settings
 from tests.model.family_fixtures import FAMILIES, MOE_FAMILIES, make_family_dir, reference_with, write_family_gguf
 from tests.model.helpers import new_cache, run_step
 
@@ -136,7 +137,7 @@ def test_gguf_file_computes_the_reference(family, qtype, tmp_path):
 def test_gguf_blocks_stay_quantized_experts_included(family, tmp_path, monkeypatch):
     """quantization="gguf": every matrix but the routers on the kernel as Q8_0 blocks, one KernelLinear pair per
     expert; on the exact path the same function as the dequantized model."""
-    monkeypatch.setenv("SPECSERVE_INT8_DOT", "0")
+    monkeypatch.setattr(settings, "int8_dot", False)
     name, path, _, _ = family
     write_family_gguf(tmp_path / "m.gguf", path, name, "Q8_0")
     path = str(tmp_path / "m.gguf")

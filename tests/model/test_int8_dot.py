@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from specserve.model.cpu_linear import KernelLinear, dequantize_gguf, int8_dot_default, kernel_can_run, quantize
+from specserve.settings import settings
 
 sys.path.insert(0, os.path.dirname(__file__))
 from test_cpu_linear import SUPER_BLOCKS, make  # noqa: E402
@@ -107,10 +108,10 @@ def test_scales_beyond_the_f16_layout_keep_the_exact_path():
 
 
 def test_the_environment_chooses_the_path(monkeypatch):
-    monkeypatch.delenv("SPECSERVE_INT8_DOT", raising=False)
+    monkeypatch.setattr(settings, "int8_dot", True)
     assert int8_dot_default()
     assert make("q4_1", 8, 64, int8_dot=None)[0].fmt == "i4"
-    monkeypatch.setenv("SPECSERVE_INT8_DOT", "0")
+    monkeypatch.setattr(settings, "int8_dot", False)
     assert not int8_dot_default() and make("q4_1", 8, 64, int8_dot=None)[0].fmt == "q4_1"
 
 

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from specserve.model import kernels
 from specserve.model.kernels import (argmax_rows, rms_norm, rms_norm_supported, short_attention,
                                      short_attention_supported)
+from specserve.settings import settings
 
 CPU = torch.device("cpu")
 pytestmark = pytest.mark.skipif(not short_attention_supported(torch.float32, CPU),
@@ -71,12 +72,12 @@ def test_loading_leaves_denormals_alone():
 
 
 def test_can_be_turned_off(monkeypatch):
-    monkeypatch.setenv("SPECSERVE_CPU_KERNELS", "0")
+    monkeypatch.setattr(settings, "cpu_kernels", False)
     kernels._library.cache_clear()
     try:
         assert not short_attention_supported(torch.float32, CPU)
     finally:
-        monkeypatch.delenv("SPECSERVE_CPU_KERNELS")
+        monkeypatch.setattr(settings, "cpu_kernels", True)
         kernels._library.cache_clear()
     assert short_attention_supported(torch.float32, CPU)
     assert not short_attention_supported(torch.float16, CPU)  # other dtypes take the torch path

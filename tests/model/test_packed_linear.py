@@ -4,6 +4,7 @@ from torch import nn
 
 from specserve.model.cpu_linear import KernelLinear, kernel_can_run
 from specserve.model.packed_linear import PackedLinear, can_pack, pack_linears
+from specserve.settings import settings
 
 pytestmark = pytest.mark.skipif(not can_pack(torch.zeros(1)), reason="no oneDNN linear packing in this torch build")
 # oneDNN packs bf16 weights only on CPUs with AVX-512 (or AVX-NE-CONVERT): those tests need one.
@@ -60,7 +61,7 @@ def test_pack_linears_leaves_unsupported_dtypes_alone():
 
 @pytest.mark.skipif(not kernel_can_run(torch.zeros(1)), reason="no C compiler: no kernel here")
 def test_without_batch_invariance_large_inputs_take_onednn(monkeypatch):
-    monkeypatch.setenv("SPECSERVE_BATCH_INVARIANT", "0")
+    monkeypatch.setattr(settings, "batch_invariant", False)
     torch.manual_seed(0)
     gate_up = nn.Linear(64, 128)
     holder = nn.Module()

@@ -13,6 +13,7 @@ from specserve.model.cpu_linear import (KernelLinear, StackedKernelLinear, dequa
                                         quantize)
 from specserve.model.loader import load_model
 from specserve.model.quantize import weight_summary
+from specserve.settings import settings
 from tests.byte_vocab import VOCAB
 from tests.model.gguf_fixtures import write_gguf
 from tests.model.helpers import new_cache, run_step
@@ -52,7 +53,7 @@ def relative_error(a, b):
 @needs_kernel
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1", "Q4_K"])
 def test_gguf_blocks_stay_quantized_and_compute_the_dequantized_model(tmp_path, qtype, monkeypatch):
-    monkeypatch.setenv("SPECSERVE_INT8_DOT", "0")
+    monkeypatch.setattr(settings, "int8_dot", False)
     path = write_model(tmp_path, qtype)
     dense, native = load_model(path), load_model(path, quantization="gguf")
     assert formats(native.model) == [qtype.lower()]
@@ -65,7 +66,7 @@ def test_gguf_blocks_stay_quantized_and_compute_the_dequantized_model(tmp_path, 
 @needs_kernel
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_1"])
 def test_a_checkpoint_is_quantized_at_load(tiny_target, fmt, monkeypatch):
-    monkeypatch.setenv("SPECSERVE_INT8_DOT", "0")
+    monkeypatch.setattr(settings, "int8_dot", False)
     dense, quant = load_model(str(tiny_target)), load_model(str(tiny_target), quantization=fmt)
     assert formats(quant.model) == [fmt]
     with torch.no_grad():  # the reference: the same model with each matrix quantized and dequantized
@@ -76,13 +77,13 @@ def test_a_checkpoint_is_quantized_at_load(tiny_target, fmt, monkeypatch):
 
 
 @needs_kernel
-@pytest.mark.parametrize("int8_dot", ["0", "1"])
+@pytest.mark.parametrize("int8_dot", [False, True])
 def test_a_q4_k_m_file_runs_every_matrix_on_the_kernels(tmp_path, monkeypatch, int8_dot):
     """llama.cpp's _M mixes store attn_v, ffn_down and the output matrix as Q6_K: q/k/v becomes a stacked
     projection (Q4_K q and k, then Q6_K v), every matrix stays quantized, the one-call forward takes the
     layers (the same bits as layer by layer), and the model computes the dequantized model's function:
     up to accumulation order on the exact path, up to the int8 activations on the integer one."""
-    monkeypatch.setenv("SPECSERVE_INT8_DOT", int8_dot)
+    monkeypatch.setattr(settings, "int8_dot", int8_dot)
     path = write_model(tmp_path, "Q4_K_M")
     dense, native = load_model(path), load_model(path, quantization="gguf")
     layer = native.model.layers[0]
@@ -95,7 +96,7 @@ def test_a_q4_k_m_file_runs_every_matrix_on_the_kernels(tmp_path, monkeypatch, i
     monkeypatch.setattr(cpu_forward, "run_layers", lambda *a: one_call.append(1) or run_layers(*a))
     got, want = logits(native.model, short_kernel=True), logits(dense.model)
     assert one_call
-    if int8_dot == "0":
+    if not int8_dot:
         assert close(got, want)
     else:  # each matrix keeps its int8 bound (test_int8_dot.py); this random model amplifies them to ~10 %
         assert 0 < relative_error(got, want) < 0.2
@@ -135,14 +136,14 @@ def test_the_integer_path_computes_the_dequantized_model_up_to_int8_activations(
 def test_without_the_kernel_the_same_weights_load_dense(tmp_path, monkeypatch):
     path = write_model(tmp_path, "Q4_1")
     reference = load_model(path)
-    monkeypatch.setenv("SPECSERVE_CPU_KERNELS", "0")
+    monkeypatch.setattr(settings, "cpu_kernels", False)
     kernels._library.cache_clear()
     try:
         fallback = load_model(path, quantization="gguf")
         assert formats(fallback.model) == []
         assert close(logits(fallback.model), logits(reference.model))
     finally:
-        monkeypatch.delenv("SPECSERVE_CPU_KERNELS")
+        monkeypatch.setattr(settings, "cpu_kernels", True)
         kernels._library.cache_clear()
 
 

@@ -11,6 +11,7 @@ from specserve.model.greedy import greedy_decode
 from specserve.model.loader import load_model
 from specserve.model.packed_linear import pack_linears
 from specserve.model.registry import gguf_path
+from specserve.settings import settings
 from tests.model.helpers import new_cache, run_step
 
 pytestmark = [pytest.mark.slow,
@@ -24,7 +25,7 @@ def prompts(n):
 
 
 def test_native_q4_1_decodes_as_the_dequantized_model(smollm2_dir, monkeypatch):
-    monkeypatch.setenv("SPECSERVE_INT8_DOT", "0")  # the exact path
+    monkeypatch.setattr(settings, "int8_dot", False)  # the exact path
     path = str(gguf_path("smollm2-135m"))
     native, dense = load_model(path, "float32", quantization="gguf"), load_model(path, "float32")
     assert {m.fmt for m in native.model.modules() if isinstance(m, KernelLinear)} == {"q4_1", "q8_0"}

@@ -6,10 +6,10 @@ each bounded in time; where Ray cannot start on this machine the tests are skipp
 """
 import pytest
 
-from specserve.engine.engine_loop import STEP_PACE_ENV
 from specserve.latency import model_file
 from specserve.latency.fit import FitOptions, fit_runs
 from specserve.latency.runs import load_runs
+from specserve.settings import STEP_PACE_ENV
 from tests.latency.synthetic import write_sweep
 
 SMALL_KV = "0.002"

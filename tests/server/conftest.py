@@ -23,7 +23,7 @@ import openai
 import pytest
 import torch
 
-from specserve.engine.engine_loop import STEP_PACE_ENV
+from specserve.settings import STEP_PACE_ENV
 
 MODEL = "tiny"  # the name the tiny servers serve
 STARTUP_TIMEOUT_S = 90

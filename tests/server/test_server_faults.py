@@ -324,7 +324,7 @@ def test_the_engine_process_gives_what_the_thread_gives_and_its_death_is_seen(ti
     import os
     import signal
 
-    from specserve.engine.engine_loop import STEP_PACE_ENV
+    from specserve.settings import STEP_PACE_ENV
 
     config = EngineConfig(model=str(tiny_target), dtype="float32", num_kv_blocks=128, max_model_len=1024)
     greedy = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)

@@ -3,6 +3,7 @@ profiles a real (tiny) model once per configuration."""
 import numpy as np
 import pytest
 
+from specserve.settings import settings
 from specserve.spec_decode.cost_model import KNOTS, LinearCost, StepCostModel, _fit, features
 
 
@@ -119,7 +120,7 @@ def test_linear_cost_update_is_exact_on_consistent_data():
 
 
 def test_profile_of_a_tiny_model_is_cached(tiny_target, tiny_draft, tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECSERVE_CACHE", str(tmp_path))
+    monkeypatch.setattr(settings, "cache", tmp_path)
     from specserve import LLM
     spec = {"model": str(tiny_draft), "num_speculative_tokens": 2, "policy": "adaptive"}
     llm = LLM(model=str(tiny_target), dtype="float32", max_num_batched_tokens=64, speculative_config=spec)

@@ -6,6 +6,7 @@ import torch
 
 from specserve import LLM, SamplingParams
 from specserve.errors import SpecServeError
+from specserve.settings import settings
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
 
@@ -139,7 +140,7 @@ def test_drafts_quantized_at_load_stay_lossless(tiny_target, request, baseline, 
 def test_a_quantized_target_on_int8_dot_products_stays_lossless(tiny_target, request, method, monkeypatch):
     """A Q4_0 target on the integer path (int8 activations, the default for quantized weights): each row's
     logits do not depend on the rows beside it, so a verify gives what single decodes give."""
-    monkeypatch.delenv("SPECSERVE_INT8_DOT", raising=False)
+    monkeypatch.setattr(settings, "int8_dot", True)
     ps = prompts(40)
     plain = LLM(model=str(tiny_target), dtype="float32", quantization="q4_0")
     assert {m.fmt for m in plain.engine.runner.model.modules() if hasattr(m, "source_fmt")} == {"i4"}

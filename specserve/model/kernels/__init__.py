@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from specserve.cache import cache_dir
+from specserve.settings import settings
 
 log = logging.getLogger("specserve.kernels")
 
@@ -64,7 +65,7 @@ def _cpu_id() -> str:
 def _flags(src: Path) -> list[str]:
     """Compile flags of one source; SPECSERVE_CPU_KERNELS_MARCH (e.g. x86-64) builds for another CPU
     than this one (the tests build the portable code paths so)."""
-    march = "-march=" + os.environ.get("SPECSERVE_CPU_KERNELS_MARCH", "native")
+    march = "-march=" + settings.cpu_kernels_march
     return [march if f == "-march=native" else f for f in PRECISE.get(src.stem, COMPILE)]
 
 
@@ -156,9 +157,9 @@ PROTOTYPES = (
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
-    if os.environ.get("SPECSERVE_CPU_KERNELS", "1") == "0":
+    if not settings.cpu_kernels:
         return None
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    compiler = settings.cc or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         log.warning("no C compiler found: attention, RMSNorm, rope and argmax run on torch ops (slower steps)")
         return None
