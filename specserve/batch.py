@@ -11,7 +11,7 @@ A step in these terms (engine/llm_engine.py):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
@@ -168,6 +168,7 @@ class StepPlan:
     prefills: list[ScheduledSeq] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
     view: BatchView | None = None  # the decodes as the policy saw them (None without speculation)
+    prediction: Any = None  # a model-based policy's Allocation for this step (its predictions, for the stats)
     cache_queries: int = 0  # prompt tokens of the requests admitted this step, looked up in the prefix cache
     cache_hits: int = 0     # of which found there (their KV not computed again)
 

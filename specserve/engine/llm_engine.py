@@ -168,10 +168,10 @@ class LLMEngine:
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
         ids = prompt_token_ids if prompt_token_ids is not None else self.prepare(prompt, params)
+        grammar = (self.inputs.grammars.matcher(params.structured_outputs)
+                   if params.structured_outputs is not None else None)
         seq = Sequence(request_id, ids, params, prompt if isinstance(prompt, str) else None, arrival_time,
-                       self.config.device)
-        if params.structured_outputs is not None:
-            seq.grammar = self.inputs.grammars.matcher(params.structured_outputs)
+                       self.config.device, grammar)
         self.requests[request_id] = seq
         self.outputs.add(seq)
         self.scheduler.add(seq)
@@ -190,9 +190,7 @@ class LLMEngine:
         seq = self.requests.get(request_id)
         if seq is None:
             return
-        self.scheduler.remove(seq)
-        seq.status, seq.finish_reason = Status.FINISHED, "abort"
-        seq.finished_time = time.monotonic()
+        self.scheduler.abort(seq)
         self._aborted.append(self._output(seq, [], None))
         self._free(seq)
 
@@ -257,8 +255,6 @@ class LLMEngine:
             self.last_stats = StepStats(num_preempted=len(plan.preempted), t_schedule=t1 - t0)
             return outputs
         result = self.executor.execute(plan)
-        for seq, position, entries in result.prompt_logprobs:
-            seq.add_prompt_logprobs(position, entries)
         t2 = time.perf_counter()
         verdicts = [self.outputs.check(s.seq, tokens) for s, tokens in zip(result.sampling, result.committed)]
         committed = self.scheduler.update(plan, result, verdicts)
@@ -299,9 +295,8 @@ class LLMEngine:
                                     stats.num_prefill_tokens, result.forward_kv, proposal.draft_forwards)
             stats.t_predicted = self.models.observe(feedback)
         if asked:
-            if (planned := self.policy.last_plan) is not None:
+            if (planned := plan.prediction) is not None:
                 stats.planned_tokens, stats.planned_plain_s = planned.tokens, planned.plain_seconds
-                self.policy.last_plan = None
             self.policy.observe(feedback)
         self.last_stats = stats
 

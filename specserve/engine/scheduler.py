@@ -63,6 +63,12 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
+    def abort(self, seq: Sequence) -> None:
+        """End a request wherever it is (its output is the caller's to make) and free its blocks."""
+        self.remove(seq)
+        seq.status, seq.finish_reason = Status.FINISHED, "abort"
+        seq.finished_time = time.monotonic()
+
     def remove(self, seq: Sequence) -> None:
         """Drop a finished or aborted request and free its blocks."""
         if seq in self.running:
@@ -103,6 +109,7 @@ class Scheduler:
         """Ask the policy, clamp, reserve KV slots. Returns the tokens the drafts take from the budget."""
         plan.view = self.batch_view(plan.decodes, budget)
         wanted = policy.plan(plan.view)
+        plan.prediction = policy.last_plan  # what a model-based policy predicted of this step, for its stats
         used = 0
         for s, want, most in zip(plan.decodes, wanted, plan.view.limits()):
             seq = s.seq
@@ -233,6 +240,8 @@ class Scheduler:
         """Commit each sampling row's tokens as far as its verdict says (the output processor found where it
         stops), count its draft's acceptance, advance prefill chunks, finish requests, release rejected draft
         slots. Returns (seq, new tokens, their logprobs, their top logprobs) per sampling row."""
+        for seq, position, entries in result.prompt_logprobs:
+            seq.add_prompt_logprobs(position, entries)
         for s in plan.prefills:
             s.seq.num_computed += s.num_tokens  # a completing chunk is overwritten below
             self._cache_full_blocks(s.seq, s.seq.num_computed)

@@ -50,7 +50,8 @@ class SpecStats:
 
 class Sequence:
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                 prompt: str | None = None, arrival_time: float | None = None, device: str = "cpu"):
+                 prompt: str | None = None, arrival_time: float | None = None, device: str = "cpu",
+                 grammar=None):
         self.request_id = request_id
         self.prompt = prompt
         self.token_ids = list(prompt_token_ids)  # prompt followed by output
@@ -71,7 +72,7 @@ class Sequence:
         self.finish_reason: str | None = None  # "stop" | "length" | "abort"
         self.stop_reason: str | int | None = None
         self.spec = SpecStats()
-        self.grammar = None  # structured output's Grammar, advanced by append
+        self.grammar = grammar  # structured output's Grammar (None: unconstrained), advanced by append
         self.arrival_time = arrival_time if arrival_time is not None else time.monotonic()
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None

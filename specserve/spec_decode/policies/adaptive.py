@@ -41,6 +41,7 @@ class Adaptive(Policy):
         key = tuple((r.request_id, (r.draft, r.max_drafts) if r.greedy else None) for r in batch.requests)
         if self._quiet is not None and self._quiet[0] == key and self._quiet[1] > 0:
             self._quiet = (key, self._quiet[1] - 1)
+            self.last_plan = None
             return [0] * len(batch)
         self._quiet = None
         acceptance = self.models.acceptance

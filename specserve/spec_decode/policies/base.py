@@ -14,9 +14,11 @@ A policy that never drafts (`off`) sets `may_draft = False` and is called at nei
 builds no view and looks nothing up, and costs what plain decoding's does.
 
 The lengths `plan` returns are final: drafting reads nothing back from the device, so the step keeps its
-one device->host read (the sampler's; on a GPU each further read stalls the pipeline). A policy keeps no
-state between calls beyond what it learns in `observe` (the engine's shared models hold acceptance and
-cost): whatever a decision needs of the past is in the view.
+one device->host read (the sampler's; on a GPU each further read stalls the pipeline). What a decision
+needs of the past is in the view and the engine's shared models (acceptance, cost); a policy's own state
+is what it learns in `observe` and, written only by itself in `plan`, its record of its latest plan:
+`last_plan`, a model-based policy's predictions (the scheduler hands them on in the StepPlan, for the
+step's stats), and e.g. `adaptive`'s quiet window (steps it skips planning while the batch is unchanged).
 
 The policy never has to clamp: the scheduler cuts every length to [0, max_drafts] and to what the
 proposer can offer (`RequestView.max_drafts`: a prompt-lookup hit's length), to what the request can
@@ -54,7 +56,8 @@ class Policy:
     uses_cost_model = False    # the engine profiles the step cost model at startup for it
     may_draft = True           # False: plan() is never asked (no batch view, no lookups, nothing to observe)
     models = None              # the engine's SpeculationModels (spec_decode/predictors.py): step cost, acceptance
-    last_plan = None           # a model-based policy's latest Allocation: its predictions, in the step's stats
+    last_plan = None           # a model-based policy's Allocation of its latest plan() (None: it made none);
+    # the scheduler hands it on in the StepPlan, for the step's stats
 
     def __init__(self, max_drafts: int):
         self.max_drafts = max_drafts
