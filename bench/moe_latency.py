@@ -126,7 +126,7 @@ def main() -> None:
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--duration", type=float, default=60.0, help="wall seconds of arrivals per run")
     p.add_argument("--discard-first", type=float, default=15.0)
-    p.add_argument("--requests-per-run", type=int, default=200)
+    p.add_argument("--requests-per-run", type=int, default=2000, help="a cap above what --duration sends")
     p.add_argument("--burstiness", type=float, default=0.25)
     p.add_argument("--threads", type=int, default=1, help="server torch threads (leave a core for the rest)")
     p.add_argument("--max-model-len", type=int, default=1024)

@@ -186,12 +186,14 @@ class AsyncLLMEngine:
 
     # ---- requests -------------------------------------------------------------------------------
     async def generate(self, prompt: str | list[int], params: SamplingParams,
-                       request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+                       request_id: str | None = None, prepared: bool = False) -> AsyncIterator[RequestOutput]:
         """Yields outputs as tokens are committed; the last one has `finished=True`. Closing or
-        cancelling the iterator aborts the request and frees its KV cache."""
+        cancelling the iterator aborts the request and frees its KV cache. `prepared`: `prompt` is the token
+        ids `prepare` returned for these params (the server prepares each request once, and compiles its
+        grammar once, before admitting it)."""
         self.start()
         request_id = request_id or f"req-{next(self._ids)}"
-        ids = self.prepare(prompt, params)  # raises InvalidRequestError here, in the caller
+        ids = list(prompt) if prepared else self.prepare(prompt, params)  # raises InvalidRequestError here
         stream: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = (asyncio.get_running_loop(), stream)
         if self.dead is not None:  # checked after registering: a dying loop fails every stream it sees

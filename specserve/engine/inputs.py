@@ -27,7 +27,6 @@ class InputProcessor:
         vocab = self.vocab_size
         if any(not isinstance(t, int) or not 0 <= t < vocab for t in ids):
             raise InvalidRequestError(f"prompt token ids must be integers in [0, {vocab})")
-        params.top_k = min(params.top_k, vocab)  # top_k >= vocab keeps every token: same distribution
         if len(ids) + params.max_tokens > self.max_model_len:
             raise InvalidRequestError(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "

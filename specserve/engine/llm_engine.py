@@ -9,41 +9,18 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
-import logging
 import time
 
-import torch
-
 from specserve.batch import DraftOutcome, StepFeedback, StepPlan, StepResult
-from specserve.engine.block_manager import BlockManager
+from specserve.engine.builder import build_engine
 from specserve.engine.config import EngineConfig
-from specserve.engine.executor import Executor
 from specserve.engine.inputs import InputProcessor
-from specserve.engine.model_runner import ModelRunner, available_memory_bytes, kv_bytes_per_block
 from specserve.engine.output_processor import OutputProcessor
 from specserve.engine.outputs import RequestOutput, StepStats
-from specserve.engine.sampler import Sampler
 from specserve.engine.sampling_params import SamplingParams
-from specserve.engine.scheduler import Scheduler
 from specserve.engine.sequence import Sequence, Status
-from specserve.engine.threads import ThreadGovernor
-from specserve.errors import InvalidRequestError, SpecServeError
-from specserve.model import kernels as cpu_kernels
-from specserve.model.loader import load_model
-from specserve.model.quantize import weight_summary
-from specserve.settings import settings
-from specserve.spec_decode.choice import DraftChoice
-from specserve.spec_decode.cost_model import StepCostModel
-from specserve.spec_decode.draft_loader import build_proposer, draft_runners, load_drafts
-from specserve.spec_decode.policies import make_policy
-from specserve.spec_decode.predictors import SpeculationModels
-from specserve.spec_decode.synthetic import SyntheticAcceptance
-
-log = logging.getLogger("specserve.engine")
-
-GiB = 1 << 30
+from specserve.errors import InvalidRequestError
 
 
 @dataclasses.dataclass(slots=True)
@@ -59,84 +36,16 @@ class EngineInfo:
     max_drafts: int
 
 
-def profile_step_costs(runner, proposer, config: EngineConfig, target, drafts) -> StepCostModel:
-    """The step cost model's startup sweep, cached per model pair, device, dtype, quantization, kernels (their
-    settings and build: edited kernels are measured again), threads and budget."""
-    kernels = [settings.cpu_kernels, settings.batch_invariant, settings.int8_dot]
-    kernels.append(cpu_kernels.library_id() if runner.device.type == "cpu" else None)
-    key = "|".join(map(str, [target.path, [d.path for d in drafts], config.device, config.dtype,
-                             config.quantization, kernels, torch.get_num_threads(), config.max_num_batched_tokens,
-                             config.block_size, torch.__version__]))
-    return StepCostModel.profile(runner, draft_runners(proposer), config.max_num_batched_tokens, key)
-
-
 class LLMEngine:
     def __init__(self, config: EngineConfig):
         self.config = config
-        if config.num_threads:
-            torch.set_num_threads(config.num_threads)
-        # Threads given: kept. Otherwise the step runs on the cores other processes leave free.
-        self.threads = ThreadGovernor(torch.get_num_threads()) if not config.num_threads else None
-        torch.manual_seed(config.seed)  # unseeded requests draw their generator seeds from here
-        clock = time.perf_counter()
-        target = load_model(config.model, config.dtype, config.device, quantization=config.quantization)
-        phases = {"target": time.perf_counter() - clock}
-        if config.quantization:
-            log.info("weights: %s, %s activations (--quantization none loads them dense)",
-                     weight_summary(target.model), config.dtype)
-        self.model_config = target.config
-        self.tokenizer = target.tokenizer
-        self.max_model_len = config.max_model_len or min(target.config.max_position_embeddings, 4096)
-        if self.max_model_len > target.config.max_position_embeddings:
-            raise SpecServeError(f"max_model_len {self.max_model_len} exceeds the model's context "
-                                 f"({target.config.max_position_embeddings})")
-        spec = config.speculative_config
-        clock = time.perf_counter()
-        drafts = load_drafts(spec, target, config) if spec else []
-        phases["drafts"] = time.perf_counter() - clock
-        device, dtype = torch.device(config.device), target.model.embed_tokens.weight.dtype
-        per_block = kv_bytes_per_block(target.model, config.block_size, dtype)
-        for draft in drafts:  # each draft has its own cache tensors over the target's block tables
-            per_block += kv_bytes_per_block(draft.model, config.block_size, draft.model.embed_tokens.weight.dtype)
-        budget = (config.kv_cache_memory * GiB if config.kv_cache_memory >= 1
-                  else config.kv_cache_memory * available_memory_bytes(device))
-        num_blocks = config.num_kv_blocks or int(budget // per_block)
-        k = spec.num_speculative_tokens if spec else 0
-        needed = -(-(self.max_model_len + k) // config.block_size)
-        if num_blocks < needed:
-            raise SpecServeError(f"the KV cache ({num_blocks * per_block / GiB:.3f} GiB) holds {num_blocks * config.block_size} "
-                                 f"tokens, fewer than max_model_len {self.max_model_len} + {k}; "
-                                 "raise --kv-cache-memory or lower --max-model-len")
-        make_runner = functools.partial(ModelRunner, num_blocks=num_blocks, block_size=config.block_size,
-                                        max_model_len=self.max_model_len + k, enforce_eager=config.enforce_eager,
-                                        max_graph_tokens=min(512, config.max_num_batched_tokens),
-                                        max_num_seqs=config.max_num_seqs)
-        clock = time.perf_counter()
-        self.runner = make_runner(target.model)
-        self.models = SpeculationModels(k)
-        self.proposer = build_proposer(spec, drafts, target, make_runner, DraftChoice(self.models)) if spec else None
-        # (No closure over self: an engine in a reference cycle would keep its KV cache until a GC pass.)
-        self._measure_costs = functools.partial(profile_step_costs, self.runner, self.proposer, config, target, drafts)
-        self.policy = make_policy(spec.policy, k, spec.policy_options, self.models) if spec else None
-        phases["runners"] = time.perf_counter() - clock
-        if (self.policy is not None and self.policy.uses_cost_model) or config.slo_tpot_ms:
-            clock = time.perf_counter()
-            self.profile_costs()
-            phases["cost profile"] = time.perf_counter() - clock
-        log.info("startup: %s", ", ".join(f"{name} {seconds:.2f} s" for name, seconds in phases.items()))
-        synthetic = spec.synthetic_rates if spec else None
-        if synthetic:
-            log.warning("synthetic acceptance: drafts kept at rates %s, not verified; outputs do not follow "
-                        "the target model (benchmarks only)", [round(r, 3) for r in synthetic])
-        self.synthetic_rates = synthetic
-        self.executor = Executor(self.runner, self.proposer, self.policy,
-                                 Sampler(SyntheticAcceptance(synthetic, config.seed) if synthetic else None))
-        self.scheduler = Scheduler(BlockManager(num_blocks, config.block_size, config.enable_prefix_caching),
-                                   config.max_num_seqs,
-                                   config.max_num_batched_tokens, self.max_model_len, k,
-                                   step_time=self.models.step_time,
-                                   peek=self.proposer.peek if self.proposer is not None else None)
-        self.inputs = InputProcessor(self.tokenizer, target.config.vocab_size, self.max_model_len)
+        parts = build_engine(config)  # load, size, profile (engine/builder.py)
+        self.threads, self.model_config, self.tokenizer = parts.threads, parts.model_config, parts.tokenizer
+        self.max_model_len, self.runner, self.models = parts.max_model_len, parts.runner, parts.models
+        self.proposer, self.policy, self.executor = parts.proposer, parts.policy, parts.executor
+        self.scheduler, self.synthetic_rates = parts.scheduler, parts.synthetic_rates
+        self._measure_costs = parts.measure_costs
+        self.inputs = InputProcessor(self.tokenizer, self.model_config.vocab_size, self.max_model_len)
         self.outputs = OutputProcessor(self.tokenizer, self.tokenizer.eos_token_ids)
         self.requests: dict[str, Sequence] = {}
         self._aborted: list[RequestOutput] = []  # final outputs of aborted requests, for the next step

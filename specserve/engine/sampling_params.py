@@ -10,7 +10,7 @@ from specserve.errors import InvalidRequestError
 # Temperatures below this sample greedily (vLLM's _SAMPLING_EPS): dividing float32 logits by 1e-40
 # overflows to inf/nan, and any temperature this small is an argmax in all but float rounding anyway.
 GREEDY_TEMPERATURE = 1e-5
-# top_k beyond the vocabulary means "all tokens"; LLMEngine.prepare clamps it to the model's vocabulary.
+# top_k beyond the vocabulary means "all tokens" (sampling.RowParams clamps it to the vocabulary it samples).
 # This bound only keeps the value representable as an int64 tensor element.
 MAX_TOP_K = (1 << 63) - 1
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top_logprobs (vLLM's default --max-logprobs)

@@ -330,7 +330,7 @@ class Serving:
     async def _generate(self, ids, params, rid: str):
         self.active.add(rid)
         try:
-            async with aclosing(self.engine.generate(ids, params, rid)) as gen:
+            async with aclosing(self.engine.generate(ids, params, rid, prepared=True)) as gen:
                 async for out in gen:
                     yield out
         finally:

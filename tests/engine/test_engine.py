@@ -149,15 +149,15 @@ def test_step_cost_profile_is_cached_per_kernel_build(monkeypatch):
 
     import torch
 
-    from specserve.engine import llm_engine
+    from specserve.engine import builder
     from specserve.engine.config import EngineConfig
     keys = []
-    monkeypatch.setattr(llm_engine.StepCostModel, "profile", lambda runner, drafts, rows, key: keys.append(key))
+    monkeypatch.setattr(builder.StepCostModel, "profile", lambda runner, drafts, rows, key: keys.append(key))
     runner = SimpleNamespace(device=torch.device("cpu"))
     target, config = SimpleNamespace(path="target"), EngineConfig(model="target")
     for build in ("specserve-kernels-aaaa", "specserve-kernels-aaaa", "specserve-kernels-bbbb"):
-        monkeypatch.setattr(llm_engine.cpu_kernels, "library_id", lambda build=build: build)
-        llm_engine.profile_step_costs(runner, None, config, target, [])
+        monkeypatch.setattr(builder.cpu_kernels, "library_id", lambda build=build: build)
+        builder.profile_step_costs(runner, None, config, target, [])
     assert keys[0] == keys[1] != keys[2]
 
 

@@ -39,9 +39,9 @@ def engine(model_dir):
     e.seen = []  # the SamplingParams of every request, as the engine receives them
     real_generate = e.generate
 
-    async def generate(prompt, params, request_id=None):
+    async def generate(prompt, params, request_id=None, **kwargs):
         e.seen.append(params)
-        async for out in real_generate(prompt, params, request_id):
+        async for out in real_generate(prompt, params, request_id, **kwargs):
             yield out
 
     e.generate = generate

@@ -133,8 +133,8 @@ def failing_app(tiny_target):
     engine = AsyncLLMEngine(EngineConfig(model=str(tiny_target), dtype="float32", num_kv_blocks=64))
     real_generate = engine.generate
 
-    async def generate(prompt, params, request_id=None):
-        async for out in real_generate(prompt, params, request_id):
+    async def generate(prompt, params, request_id=None, **kwargs):
+        async for out in real_generate(prompt, params, request_id, **kwargs):
             yield out
             raise RuntimeError("secret internal detail")  # after the first output: mid-stream
 
