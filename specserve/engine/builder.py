@@ -31,6 +31,7 @@ from specserve.spec_decode.cost_model import StepCostModel
 from specserve.spec_decode.draft_loader import build_proposer, draft_runners, load_drafts
 from specserve.spec_decode.policies import make_policy
 from specserve.spec_decode.predictors import SpeculationModels
+from specserve.spec_decode.proposer_protocol import Proposer
 from specserve.spec_decode.synthetic import SyntheticAcceptance
 
 log = logging.getLogger("specserve.engine")
@@ -46,7 +47,7 @@ class EngineParts:
     max_model_len: int
     runner: ModelRunner
     models: SpeculationModels
-    proposer: object | None
+    proposer: Proposer | None
     policy: object | None
     executor: Executor
     scheduler: Scheduler

@@ -2,18 +2,7 @@
 cache (`Drafter`), which a standalone draft and an EAGLE draft both use; the model-free proposers (prompt
 lookup, suffix decoding) are in lookup.py and suffix.py.
 
-Every proposer offers:
-    has_cache             it keeps its own KV cache: prompt chunks are mirrored into it as the target runs them
-    reads_target_hidden   it reads the target's hidden states (EAGLE): the engine taps them to `observe_target`
-    peek(seq, k) -> DraftOffer             before planning: which draft would serve the request this step,
-                                           the most it offers, its first forward's rows
-    propose(prefills, decodes, confidences) -> Proposal   drafts for the decodes, `max_drafts` each at most
-    on_commit(seq, num_committed)          after verification: which of its cache rows stay valid
-    reset(request_id)                      the request was preempted: its cache rows are gone
-    forget_outputs()                       forget what earlier requests left behind (suffix decoding's cache)
-    free(request_id)                       the request finished or was aborted: forget it
-A proposer's per-request state (cache rows computed, lookup hits, EAGLE features) is its own, in tables
-keyed by request id; it reads a request's tokens and block table and writes nothing of the request.
+What every proposer offers the engine is the protocol in proposer_protocol.py.
 """
 from __future__ import annotations
 

@@ -16,10 +16,11 @@ import torch
 
 from specserve.batch import DraftOffer, Proposal
 from specserve.errors import SpecServeError
+from specserve.spec_decode.proposer_protocol import Proposer
 
 
 class RoutedProposer:
-    def __init__(self, proposers: list, vocab_maps: list[torch.Tensor | None], vocab_size: int,
+    def __init__(self, proposers: list[Proposer], vocab_maps: list[torch.Tensor | None], vocab_size: int,
                  names: list[str]):
         kinds = {(p.has_cache, p.reads_target_hidden) for p in proposers}
         if len(kinds) != 1:

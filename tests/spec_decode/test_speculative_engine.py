@@ -248,3 +248,11 @@ def test_draft_with_a_different_tokenizer_is_refused(tiny_target, tmp_path):
     (other / "tokenizer.json").write_text(tok)
     with pytest.raises(SpecServeError, match="different tokenizer"):
         LLM(model=str(tiny_target), speculative_config={"model": str(other), "num_speculative_tokens": 2})
+
+
+@pytest.mark.parametrize("method", ["ngram", "suffix", "draft_model", "eagle"])
+def test_every_proposer_keeps_the_protocol(tiny_target, request, method):
+    """What the engine calls on a proposer is declared once (spec_decode/proposer_protocol.py)."""
+    from specserve.spec_decode.proposer_protocol import Proposer
+    llm = LLM(model=str(tiny_target), dtype="float32", speculative_config=spec_config(method, request, 2))
+    assert isinstance(llm.engine.proposer, Proposer)
