@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from specserve.batch import DraftOffer, Proposal, ScheduledSeq
-    from specserve.engine.sequence import Sequence
 
 
 @runtime_checkable
@@ -18,7 +17,7 @@ class Proposer(Protocol):
     has_cache: ClassVar[bool]  # it keeps its own KV cache: prompt chunks are mirrored into it as the target runs them
     reads_target_hidden: ClassVar[bool]  # it reads the target's hidden states (EAGLE): tapped to `observe_target`
 
-    def peek(self, seq: Sequence, k: int) -> DraftOffer:
+    def peek(self, seq, k: int) -> DraftOffer:  # seq: the request (engine/sequence.py), read only
         """Before planning: which draft would serve the request this step, the most it offers, its first
         forward's rows."""
 
@@ -26,7 +25,7 @@ class Proposer(Protocol):
                 confidences: bool = False) -> Proposal:
         """Drafts for the decodes, `max_drafts` each at most (and the prefills mirrored into its cache)."""
 
-    def on_commit(self, seq: Sequence, num_committed: int) -> None:
+    def on_commit(self, seq, num_committed: int) -> None:
         """After verification: which of its cache rows stay valid."""
 
     def reset(self, request_id: str) -> None:
