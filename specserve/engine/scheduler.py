@@ -109,7 +109,7 @@ class Scheduler:
         """Ask the policy, clamp, reserve KV slots. Returns the tokens the drafts take from the budget."""
         plan.view = self.batch_view(plan.decodes, budget)
         wanted = policy.plan(plan.view)
-        plan.prediction = policy.last_plan  # what a model-based policy predicted of this step, for its stats
+        plan.prediction = getattr(policy, "last_plan", None)  # a model-based policy's predictions, for the stats
         used = 0
         for s, want, most in zip(plan.decodes, wanted, plan.view.limits()):
             seq = s.seq
