@@ -75,10 +75,10 @@ def load_model(name: str, dtype: str | torch.dtype = "float32", device: str = "c
     if path.suffix == ".gguf":
         from specserve.model.gguf_convert import GGUFFile, gguf_config, gguf_state_dict
         from specserve.model.gguf_tokenizer import gguf_tokenizer
+        from specserve.model.quantize import gguf_kernel_tensors
         g = GGUFFile(path)
         config = gguf_config(g)
         tokenizer = gguf_tokenizer(g, list(config.eos_token_id))
-        from specserve.model.quantize import gguf_kernel_tensors
         kept = gguf_kernel_tensors(g, config) if quantization == "gguf" else set()  # never dequantized
         model = build_model(config, gguf_state_dict(g, config, kept), dtype, device)
     else:

@@ -149,8 +149,8 @@ class SpeculativeConfig:
         """The unconditional per-position acceptance rates of synthetic verification (None: verification)."""
         if self.rejection_sample_method != "synthetic":
             return None
-        if self.synthetic_acceptance_rates is not None:
-            return check_rates(self.synthetic_acceptance_rates, self.num_speculative_tokens)
+        if self.synthetic_acceptance_rates is not None:  # checked in __post_init__
+            return [float(r) for r in self.synthetic_acceptance_rates]
         return rates_for_length(self.synthetic_acceptance_length, self.num_speculative_tokens)
 
     @classmethod

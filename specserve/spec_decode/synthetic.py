@@ -63,12 +63,5 @@ class SyntheticAcceptance:
         k = max(lengths, default=0)
         if not k:
             return [0] * len(lengths)
-        u = self.rng.random((len(lengths), k))
-        kept = u < self.conditional[:k]
-        out = []
-        for row, length in zip(kept, lengths):
-            n = 0
-            while n < length and row[n]:
-                n += 1
-            out.append(n)
-        return out
+        leading = (self.rng.random((len(lengths), k)) < self.conditional[:k]).cumprod(axis=1).sum(axis=1)
+        return [min(int(n), length) for n, length in zip(leading, lengths)]
