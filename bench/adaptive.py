@@ -148,7 +148,7 @@ def _stream(llm, workload: str, rate: float | None, n: int, seed: int, offset: i
 
 def _arrivals(rate: float | None, n: int, seed: int, offset: int) -> np.ndarray:
     """n arrival times from the Azure conversation trace, stretched to `rate` (None: all at once)."""
-    from specserve.benchmark import arrivals as arr
+    from specserve.benchmark import arrival_schedules as arr
     trace = arr.load_trace("azure-conv")
     # another stretch of the trace in each repeat, and another (half the trace on) for a second stream
     span = float(trace.times_s[-1] - trace.times_s[0])

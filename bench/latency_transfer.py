@@ -23,12 +23,12 @@ from pathlib import Path
 import numpy as np
 
 from specserve.benchmark.metrics import gap_cv
-from specserve.latency.arrivals import run_cv
-from specserve.latency.crossval import observed_predicted, summarize
-from specserve.latency.fit import FitOptions, fit_runs
-from specserve.latency.requests import rows_by_run
-from specserve.latency.runs import load_runs
-from specserve.latency.saturation import split_saturated
+from specserve.latency.equations.arrival_regularity import run_cv
+from specserve.latency.fitting.crossval import observed_predicted, summarize
+from specserve.latency.fitting.fit import FitOptions, fit_runs
+from specserve.latency.records.requests import rows_by_run
+from specserve.latency.records.runs import load_runs
+from specserve.latency.records.saturation import split_saturated
 
 
 def realised_cv(runs):

@@ -88,9 +88,9 @@ def held_out_by_load(report) -> dict[str, float]:
 
 
 def summarize(out: Path, results: Path, moe: str) -> str:
-    from specserve.latency.fit import FitOptions
-    from specserve.latency.moe import MoeExperts
-    from specserve.latency.validate import markdown, validate_files
+    from specserve.latency.fitting.fit import FitOptions
+    from specserve.latency.equations.moe import MoeExperts
+    from specserve.latency.fitting.validate import markdown, validate_files
 
     active, experts = (int(x) for x in moe.split("/"))
     rows = []

@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--note", default="", help="a line saved with the results (e.g. the machine's load)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from specserve.batch import ForwardItem
+    from specserve.step_types import ForwardItem
     from specserve.engine.model_runner import ModelRunner
     from specserve.model.mlp import MoE
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from specserve.latency.fit import FitOptions, fit_runs
-from specserve.latency.runs import load_runs
+from specserve.latency.fitting.fit import FitOptions, fit_runs
+from specserve.latency.records.runs import load_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -2,7 +2,7 @@
 
 Each run's mean E2E is compared with its configuration's line E2E = C1 + C2 * company, least squares
 over that configuration's runs, where company is what the latency model charges a request for (the
-others in flight over its lifetime, `specserve.latency.arrivals.company`) at the run's *measured* load
+others in flight over its lifetime, `specserve.latency.equations.arrival_regularity.company`) at the run's *measured* load
 (its mean in-flight count, λ·L by Little's law) and arrival CV. The measured load already carries the
 run's queueing, so what a run leaves off its line is the machine's speed at the time (plus the line's
 misfit). Runs are listed in start order; the summary averages the residuals by sixths of the sweep's
@@ -43,10 +43,10 @@ from datetime import datetime
 import numpy as np
 
 from specserve.benchmark.results import read_request_rows, read_runs
-from specserve.latency.arrivals import company, run_cv
-from specserve.latency.fit import FitOptions, fit_runs
-from specserve.latency.runs import BenchRun, Stats, load_runs
-from specserve.latency.validate import markdown
+from specserve.latency.equations.arrival_regularity import company, run_cv
+from specserve.latency.fitting.fit import FitOptions, fit_runs
+from specserve.latency.records.runs import BenchRun, Stats, load_runs
+from specserve.latency.fitting.validate import markdown
 
 PARTS = 6
 MIN_CHUNKS = 50  # chunks at one (configuration, batch size) needed for a reference step time

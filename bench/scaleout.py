@@ -38,18 +38,18 @@ from pathlib import Path
 
 import numpy as np
 
-from specserve.benchmark.arrivals import load_trace
+from specserve.benchmark.arrival_schedules import load_trace
 from specserve.benchmark.machine import cpu_name, git_commit
 from specserve.benchmark.prompts import load_tokenizer
 from specserve.benchmark.results import append_run
 from specserve.benchmark.runner import RunOptions, Target, run_once
 from specserve.benchmark.sweep import measure_saturation
 from specserve.benchmark.workload import WorkloadSpec
-from specserve.latency import model_file
-from specserve.latency.capacity import Slo, Traffic, per_replica, plan_capacity
-from specserve.latency.capacity_report import mix_classes, render
-from specserve.latency.fit import FitOptions, fit_runs
-from specserve.latency.runs import load_runs
+from specserve.latency.fitting import model_file
+from specserve.latency.decisions.capacity import Slo, Traffic, per_replica, plan_capacity
+from specserve.latency.decisions.capacity_report import mix_classes, render
+from specserve.latency.fitting.fit import FitOptions, fit_runs
+from specserve.latency.records.runs import load_runs
 from specserve.model.registry import resolve
 from specserve.scaleout.process import ReplicaServer
 

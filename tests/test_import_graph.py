@@ -10,8 +10,8 @@ ROOT = Path(specserve.__file__).parent
 
 # Bottom first: a module imports modules of its own layer and the layers below, never one above.
 LAYERS = [
-    ("foundation", {"specserve.errors", "specserve.settings", "specserve.seeding", "specserve.sampling",
-                    "specserve.device_sync", "specserve.cache", "specserve.console", "specserve.batch"}),
+    ("foundation", {"specserve.errors", "specserve.settings", "specserve.seeding", "specserve.sampling_ops",
+                    "specserve.device_sync", "specserve.cache", "specserve.console", "specserve.step_types"}),
     # Independent of one another; latency/ is here because spec_decode's planned policy reads its fits.
     ("model and measurement", {"specserve.model", "specserve.latency", "specserve.benchmark"}),
     ("structured output", {"specserve.structured_output"}),  # grammars the sampler and the proposers obey
@@ -23,7 +23,7 @@ LAYERS = [
     ("commands", {"specserve.cli", "specserve.__main__"}),
 ]
 # Imports under `if TYPE_CHECKING:` that name a higher layer's type for the reader; Python never runs them.
-TYPE_ONLY_UPWARD = {("specserve.batch", "specserve.engine.sequence")}  # a step schedules requests
+TYPE_ONLY_UPWARD = {("specserve.step_types", "specserve.engine.sequence")}  # a step schedules requests
 
 
 def module_name(path: Path) -> str:
@@ -128,8 +128,8 @@ def test_type_only_imports_up_the_layers_are_the_known_ones():
 
 def test_the_check_finds_an_upward_import():
     graph = import_graph(type_checking=False)
-    graph["specserve.batch"].add("specserve.engine.sequence")  # what the step types once did
+    graph["specserve.step_types"].add("specserve.engine.sequence")  # what the step types once did
     graph["specserve.structured_output"].add("specserve.spec_decode.config")  # and structured output
     assert upward_imports(graph) == [
-        "specserve.batch (foundation) imports specserve.engine.sequence (engine)",
+        "specserve.step_types (foundation) imports specserve.engine.sequence (engine)",
         "specserve.structured_output (structured output) imports specserve.spec_decode.config (speculation)"]

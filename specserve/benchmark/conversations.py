@@ -17,7 +17,7 @@ import numpy as np
 
 from specserve.benchmark import code_edit
 from specserve.benchmark.client import RequestResult, StreamingClient, monotonic_clock
-from specserve.benchmark.arrivals import DATA_DIR
+from specserve.benchmark.arrival_schedules import DATA_DIR
 from specserve.benchmark.prompts import DATASETS
 
 

@@ -14,7 +14,7 @@ from typing import Protocol
 import numpy as np
 
 from specserve.benchmark import code_edit
-from specserve.benchmark.arrivals import DATA_DIR
+from specserve.benchmark.arrival_schedules import DATA_DIR
 from specserve.benchmark.stdlib import stdlib_files
 from specserve.errors import SpecServeError
 

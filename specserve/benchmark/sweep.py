@@ -26,7 +26,7 @@ from pathlib import Path
 
 import httpx
 
-from specserve.benchmark import arrivals as arr
+from specserve.benchmark import arrival_schedules as arr
 from specserve.benchmark.client import api_root
 from specserve.benchmark.results import append_run, side_path
 from specserve.benchmark.runner import RunOptions, Target, run_once

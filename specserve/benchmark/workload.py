@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specserve.benchmark import arrivals as arr
+from specserve.benchmark import arrival_schedules as arr
 from specserve.benchmark.prompts import (DEFAULT_CHARS_PER_TOKEN, RANDOM, STDLIB, Prompt, PromptBuilder,
                                          build_prompts, load_dataset)
 from specserve.errors import SpecServeError

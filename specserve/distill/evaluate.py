@@ -72,7 +72,7 @@ def teacher_forced_agreement(target, draft, vocab_map, sequences: list[list[int]
     embedding); vocab_map [draft vocab] target id of each head row, or None."""
     import torch
 
-    from specserve.distill.eagle import draft_passes, previous_features, target_argmax
+    from specserve.distill.eagle_draft import draft_passes, previous_features, target_argmax
     from specserve.distill.student import bf16_autocast
     from specserve.distill.teacher import PAD, shard_to, teach_features
     windows = np.full((len(sequences), max(map(len, sequences))), PAD, dtype=np.int64)

@@ -190,7 +190,7 @@ def run(cfg: DistillConfig, log=print, progress_cb=None) -> dict:
     meta_path.write_text(json.dumps({"tokenizer": fingerprint, "target": cfg.target}) + "\n")
     vm = torch.tensor(vocab_map) if vocab_map is not None else None
     if cfg.method == "eagle":
-        from specserve.distill.eagle import EagleObjective, eagle_config, init_eagle, target_argmax
+        from specserve.distill.eagle_draft import EagleObjective, eagle_config, init_eagle, target_argmax
         teacher = target.model.to(torch.bfloat16)  # the engine serves the target in bf16: teach what it says
         dcfg = eagle_config(target.config, cfg.layers, len(vocab_map) if vocab_map else None)
         student = init_eagle(teacher, dcfg, vm, cfg.train.seed).to(cfg.device)  # reads the served (bf16) embedding and head

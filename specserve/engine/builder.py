@@ -30,7 +30,7 @@ from specserve.spec_decode.config import SpeculativeConfig
 from specserve.spec_decode.cost_model import StepCostModel
 from specserve.spec_decode.draft_loader import build_proposer, draft_runners, load_drafts
 from specserve.spec_decode.policies import make_policy
-from specserve.spec_decode.predictors import SpeculationModels
+from specserve.spec_decode.speculation_models import SpeculationModels
 from specserve.spec_decode.proposer_protocol import Proposer
 from specserve.spec_decode.synthetic import SyntheticAcceptance
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from specserve.batch import ForwardItem
+from specserve.step_types import ForwardItem
 from specserve.model.attention import KERNEL_QUERY_CHUNK, AttentionMetadata, ShortQueries
 from specserve.model.gpu_attention import QMAX_VARIANTS
 from specserve.settings import settings

@@ -8,7 +8,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from specserve.batch import ForwardItem, PhaseTimes, Proposal, StepPlan, StepResult
+from specserve.step_types import ForwardItem, PhaseTimes, Proposal, StepPlan, StepResult
 from specserve.engine.model_runner import ModelRunner
 from specserve.engine.sampler import Sampler, prompt_logprobs
 from specserve.engine.sequence import Sequence

@@ -12,7 +12,7 @@ import dataclasses
 import itertools
 import time
 
-from specserve.batch import DraftOutcome, StepFeedback, StepPlan, StepResult
+from specserve.step_types import DraftOutcome, StepFeedback, StepPlan, StepResult
 from specserve.engine.builder import build_engine
 from specserve.engine.config import EngineConfig
 from specserve.engine.inputs import InputProcessor

@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from specserve.batch import ForwardItem
+from specserve.step_types import ForwardItem
 from specserve.model import cpu_draft, gpu_attention
 from specserve.model.attention import AttentionMetadata, allocate_kv_cache
 from specserve.model.kernels import short_attention_supported

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import torch
 
-from specserve.batch import Proposal, ScheduledSeq
+from specserve.step_types import Proposal, ScheduledSeq
 from specserve.device_sync import to_host
 from specserve.model.kernels import argmax_rows
-from specserve.sampling import RowParams, draw_at, penalize, process, to_probs  # noqa: F401  (to_probs: the API)
+from specserve.sampling_ops import RowParams, draw_at, penalize, process, to_probs  # noqa: F401  (to_probs: the API)
 from specserve.spec_decode.rejection_sampler import PLACEHOLDER, rejection_sample
 from specserve.spec_decode.synthetic import SyntheticAcceptance
 

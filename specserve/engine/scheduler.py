@@ -22,7 +22,7 @@ from typing import Iterable
 
 import numpy as np
 
-from specserve.batch import BatchView, DraftOffer, RequestView, ScheduledSeq, StepPlan, StepResult
+from specserve.step_types import BatchView, DraftOffer, RequestView, ScheduledSeq, StepPlan, StepResult
 from specserve.engine.block_manager import BlockManager, block_hash, salt_hash
 from specserve.engine.output_processor import Verdict
 from specserve.engine.sequence import Sequence, Status

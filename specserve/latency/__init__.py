@@ -1,8 +1,11 @@
 """The interpretable latency model of docs/design.md §2: L = C1/(1 − λ·C2), six SD coefficients, TTFT/TPOT/tails.
 
-Layout (docs/latency.md has the equations): `acceptance`, `formulas`, `moe` are the pure math; `runs`,
-`requests`, `saturation` read bench results; `regression`, `e2e`, `phases`, `tails`, `lengths`, `fit`,
-`crossval` fit and validate; `model`, `model_file` hold a fitted model; `planning`, `report`, `plot`,
-`validate` use one; `cli`/`commands` are `specserve latency`. Nothing is imported here, so that the CLI's
-`--help` stays fast.
+Grouped by job, each group importing only those before it (docs/latency.md has the equations):
+    equations/  the pure math: acceptance E(α, k), the SD formulas, arrival regularity, MoE coverage, lengths
+    records/    `specserve bench` runs and their per-request rows, and which runs are past saturation
+    fitting/    least squares, each fitted part (E2E, TTFT/TPOT phases, tails), the assembled model,
+                cross-validation and model.json
+    decisions/  what a fitted model decides: best k, break-even, capacity plans, plain-language reports, plots
+    cli.py, commands.py   `specserve latency ...`
+Nothing is imported here, so that the CLI's `--help` stays fast.
 """

@@ -8,16 +8,16 @@ from dataclasses import replace
 from pathlib import Path
 
 from specserve.errors import SpecServeError
-from specserve.latency import model_file
-from specserve.latency.arrivals import check_cv
-from specserve.latency.fit import FitOptions, fit_runs
-from specserve.latency.lengths import length_classes, read_lengths
-from specserve.latency.moe import MoeExperts
-from specserve.latency.planning import (acceptance_for, break_even_for, candidate_ks, coefficient_draws,
+from specserve.latency.fitting import model_file
+from specserve.latency.equations.arrival_regularity import check_cv
+from specserve.latency.fitting.fit import FitOptions, fit_runs
+from specserve.latency.equations.lengths import length_classes, read_lengths
+from specserve.latency.equations.moe import MoeExperts
+from specserve.latency.decisions.planning import (acceptance_for, break_even_for, candidate_ks, coefficient_draws,
                                        max_rate_within, measured_ks, outside_measured, plan)
-from specserve.latency.report import coefficient_band, explain as explain_text, percent, seconds
-from specserve.latency.runs import load_runs
-from specserve.latency.saturation import SaturationRules
+from specserve.latency.decisions.report import coefficient_band, explain as explain_text, percent, seconds
+from specserve.latency.records.runs import load_runs
+from specserve.latency.records.saturation import SaturationRules
 
 
 def _numbers(values: list[str] | str, kind=float) -> list:
@@ -164,7 +164,7 @@ def plan_command(args: argparse.Namespace) -> int:
     m = _model(args)
     ks = _numbers(args.ks, int)
     if args.replicas is not None:  # capacity planning: replicas for an SLO (capacity.py)
-        from specserve.latency.capacity_report import capacity_command
+        from specserve.latency.decisions.capacity_report import capacity_command
         return capacity_command(args, m, ks, _numbers(args.rates) if args.rates else [])
     if not args.rates:
         raise SpecServeError("--rates is required (or --replicas to plan replicas for a trace)")
@@ -253,7 +253,7 @@ def explain(args: argparse.Namespace) -> int:
 
 
 def plot(args: argparse.Namespace) -> int:
-    from specserve.latency.plot import plot_all
+    from specserve.latency.decisions.plot import plot_all
 
     for path in plot_all(model_file.load(args.model), _runs(args), args.out_dir):
         print(path)
@@ -261,7 +261,7 @@ def plot(args: argparse.Namespace) -> int:
 
 
 def validate(args: argparse.Namespace) -> int:
-    from specserve.latency.validate import GOALS, markdown, render, validate_files
+    from specserve.latency.fitting.validate import GOALS, markdown, render, validate_files
 
     report = validate_files(args.results, _options(args, True), _pairs(args.k, int, "--k"),
                             _pairs(args.alpha, float, "--alpha"))

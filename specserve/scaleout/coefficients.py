@@ -12,8 +12,8 @@ from specserve.scaleout.replica_choice import Coefficients
 
 
 def from_model_file(path: str, k: int) -> Coefficients:
-    from specserve.latency import model_file
-    from specserve.latency.planning import acceptance_for
+    from specserve.latency.fitting import model_file
+    from specserve.latency.decisions.planning import acceptance_for
 
     model = model_file.load(path).model
     expected, _ = acceptance_for(model, k, None)

@@ -18,7 +18,7 @@ from collections import deque
 
 import numpy as np
 
-from specserve.batch import DraftOutcome
+from specserve.step_types import DraftOutcome
 
 BINS = 10
 PRIOR_WEIGHT = 2.0       # pseudo-tests per bin at its own confidence (the prior)

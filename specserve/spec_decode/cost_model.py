@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from specserve.batch import ForwardItem
+from specserve.step_types import ForwardItem
 from specserve.cache import cache_dir
 from specserve.spec_decode.config import FREE
 

@@ -1,4 +1,4 @@
-"""EAGLE proposer: a draft that reads the target's final hidden state (see specserve/distill/eagle.py).
+"""EAGLE proposer: a draft that reads the target's final hidden state (see specserve/distill/eagle_draft.py).
 
 Row j of the draft reads token j and f_{j-1}, the target's hidden state at position j-1. The target
 computes f for every position it runs (prefill chunks, verified tokens); the engine hands over the rows of
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from specserve.batch import ScheduledSeq
+from specserve.step_types import ScheduledSeq
 from specserve.spec_decode.proposer import Drafter
 
 

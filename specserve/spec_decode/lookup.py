@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from specserve.batch import DraftOffer, Proposal, ScheduledSeq
+from specserve.step_types import DraftOffer, Proposal, ScheduledSeq
 from specserve.spec_decode.config import NGRAM
 
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from specserve.batch import DraftOffer, ForwardItem, Proposal, ScheduledSeq
+from specserve.step_types import DraftOffer, ForwardItem, Proposal, ScheduledSeq
 from specserve.model.kernels import argmax_rows
-from specserve.sampling import RowParams, draw, draw_at, penalize_draft, process
+from specserve.sampling_ops import RowParams, draw, draw_at, penalize_draft, process
 from specserve.spec_decode.choice import DraftChoice
 from specserve.spec_decode.lookup import lookup_proposal
 from specserve.structured_output import DraftGuide

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from specserve.batch import DraftOffer, Proposal, ScheduledSeq
+    from specserve.step_types import DraftOffer, Proposal, ScheduledSeq
 
 
 @runtime_checkable

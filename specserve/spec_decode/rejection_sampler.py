@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from specserve.sampling import draw
+from specserve.sampling_ops import draw
 
 PLACEHOLDER = -1  # output slots past a request's committed tokens
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from specserve.batch import DraftOffer, Proposal
+from specserve.step_types import DraftOffer, Proposal
 from specserve.errors import SpecServeError
 from specserve.spec_decode.proposer_protocol import Proposer
 

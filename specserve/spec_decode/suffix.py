@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from specserve.batch import DraftOffer, Proposal, ScheduledSeq
+from specserve.step_types import DraftOffer, Proposal, ScheduledSeq
 from specserve.spec_decode.config import SUFFIX
 from specserve.spec_decode.lookup import lookup_proposal
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from specserve.latency.moe import MoeExperts
+from specserve.latency.equations.moe import MoeExperts
 from specserve.spec_decode.config import SpeculativeConfig
 from tests.latency.synthetic import CONFIGS, Sweep, write_sweep
 

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from fake_server import FakeServer, Script
-from specserve.benchmark import arrivals as arr
+from specserve.benchmark import arrival_schedules as arr
 from specserve.benchmark.results import read_runs
 from specserve.benchmark.server_metrics import delta, parse_prometheus
 from specserve.benchmark.table import notes

@@ -3,7 +3,7 @@ import pytest
 
 from specserve.benchmark.prompts import (DATASETS, PromptBuilder, build_prompts, load_dataset,
                                          load_tokenizer)
-from specserve.benchmark.arrivals import load_trace
+from specserve.benchmark.arrival_schedules import load_trace
 from specserve.benchmark.workload import WorkloadSpec, make_workload
 from specserve.errors import SpecServeError
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specserve.latency.arrivals import company
+from specserve.latency.equations.arrival_regularity import company
 
 spec = importlib.util.spec_from_file_location("run_drift", Path(__file__).parents[2] / "bench" / "run_drift.py")
 run_drift = importlib.util.module_from_spec(spec)
@@ -82,7 +82,7 @@ def _slowed_sweep(tmp_path: Path, slowness) -> tuple[Path, Path]:
 
 
 def test_rescaling_a_run_by_its_slowness_undoes_a_slower_machine(tmp_path):
-    from specserve.latency.runs import load_runs
+    from specserve.latency.records.runs import load_runs
 
     results, _ = _slowed_sweep(tmp_path, lambda n: 1.0)
     run = load_runs([results])[0]

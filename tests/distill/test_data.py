@@ -118,7 +118,7 @@ def test_training_passes_are_the_draft_steps_of_inference(tiny_target):
     """Pass s of EAGLE training at position j is what draft step s computes at inference: rows up to
     j - s + 1 made from the target's features, each later row from the previous row's own prediction,
     recomputed here one row at a time with plain causal attention."""
-    from specserve.distill.eagle import draft_passes, eagle_config, init_eagle
+    from specserve.distill.eagle_draft import draft_passes, eagle_config, init_eagle
     target = load_model(str(tiny_target), "float32")
     model = init_eagle(target.model, eagle_config(target.config, 1, None), None, seed=0)
     with torch.no_grad():  # large weights, so that attending to the wrong rows shows
@@ -147,7 +147,7 @@ def test_eagle_loss_is_smooth_l1_plus_weighted_kl_over_the_non_padding_rows(tiny
     """The loss, recomputed in fp32 from its definition (EAGLE: SmoothL1(f̂, f) + w · KL(p || q), p and q
     softmax of the kept head rows applied to f and f̂) on the unpadded rows; padding rows do not count."""
     import torch.nn.functional as F
-    from specserve.distill.eagle import EagleObjective, draft_passes, eagle_config, init_eagle, previous_features
+    from specserve.distill.eagle_draft import EagleObjective, draft_passes, eagle_config, init_eagle, previous_features
     target = load_model(str(tiny_target), "float32")
     vocab_map = torch.arange(0, 200, 2)
     model = init_eagle(target.model, eagle_config(target.config, 1, len(vocab_map)), vocab_map, seed=0)
@@ -176,7 +176,7 @@ def test_eagle_loss_is_smooth_l1_plus_weighted_kl_over_the_non_padding_rows(tiny
 def test_similar_length_batches_cut_padding_change_no_loss_and_pick_every_window_alike(tiny_target):
     """Batches of similar-length windows cut to their longest real window: the EAGLE loss of a cut batch is
     the loss of the same windows uncut, and every window of a shard is picked about as often."""
-    from specserve.distill.eagle import EagleObjective, eagle_config, init_eagle
+    from specserve.distill.eagle_draft import EagleObjective, eagle_config, init_eagle
     from specserve.distill.train import similar_length_batch
     target = load_model(str(tiny_target), "float32")
     model = init_eagle(target.model, eagle_config(target.config, 1, None), None, seed=0)

@@ -1,7 +1,7 @@
 """The packed layout a CUDA-graph step reads (engine/cuda_graphs.py), written on the host: runs on any machine."""
 import numpy as np
 
-from specserve.batch import ForwardItem
+from specserve.step_types import ForwardItem
 from specserve.engine.cuda_graphs import pack_step, split_steps
 
 

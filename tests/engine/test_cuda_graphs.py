@@ -3,7 +3,7 @@ text with and without speculation. Needs a CUDA GPU with Triton; skipped elsewhe
 import pytest
 import torch
 
-from specserve.batch import ForwardItem
+from specserve.step_types import ForwardItem
 from specserve.engine.llm import LLM
 from specserve.engine.model_runner import ModelRunner
 from specserve.engine.sampling_params import SamplingParams

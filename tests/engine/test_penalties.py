@@ -1,4 +1,4 @@
-"""vLLM's penalties (specserve/sampling.py `penalize`), table-driven, and in the engine: greedy output under
+"""vLLM's penalties (specserve/sampling_ops.py `penalize`), table-driven, and in the engine: greedy output under
 penalties is the same with every speculation method as without speculation, since each verify row is
 penalised as plain decoding penalises that position (the drafts before it count as output); a draft model's
 proposals are penalised alike, so a draft that is the target itself has every draft accepted under penalties."""
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specserve import LLM, SamplingParams
-from specserve.sampling import penalize, penalize_draft
+from specserve.sampling_ops import penalize, penalize_draft
 from tests.spec_decode.test_speculative_engine import METHODS, prompts, spec_config
 
 V = 6

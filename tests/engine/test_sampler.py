@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from specserve.batch import Proposal
+from specserve.step_types import Proposal
 from specserve.engine.sampler import Sampler
 from specserve.engine.sampling_params import SamplingParams
 
@@ -45,7 +45,7 @@ def test_greedy_path_commits_what_rejection_sampling_commits(lengths, prefills):
 def test_draw_follows_the_weights_and_never_draws_a_zero_weight():
     """sampling.draw (inverse CDF, one uniform a row): each row's frequencies match its normalised weights
     (unnormalised rows, zeros inside and at the end), and a zero weight is never drawn."""
-    from specserve.sampling import draw
+    from specserve.sampling_ops import draw
     weights = torch.tensor([[0.0, 2.0, 0.0, 1.0, 1.0, 0.0],    # sums to 4, zeros between and after
                             [5.0, 0.0, 0.0, 0.0, 0.0, 0.0],    # one token
                             [1e-3, 1e-3, 0.0, 0.0, 0.0, 2e-3]])
@@ -61,7 +61,7 @@ def test_draw_follows_the_weights_and_never_draws_a_zero_weight():
 
 
 def test_draw_is_reproducible_per_generator():
-    from specserve.sampling import draw
+    from specserve.sampling_ops import draw
     probs = torch.softmax(torch.randn(4, 1000, generator=torch.Generator().manual_seed(0)), -1)
     first = draw(probs, [torch.Generator().manual_seed(s) for s in (1, 2, 3, 4)])
     # row 2 alone, with the same seed: the same token (a row's draw never depends on the other rows)

@@ -1,8 +1,8 @@
 """Shared synthetic sweeps: written and fitted once per session, since every fit costs real CPU."""
 import pytest
 
-from specserve.latency.fit import FitOptions, fit_runs
-from specserve.latency.runs import load_runs
+from specserve.latency.fitting.fit import FitOptions, fit_runs
+from specserve.latency.records.runs import load_runs
 from synthetic import Sweep, write_sweep
 
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
-from specserve.latency.acceptance import expected_tokens
-from specserve.latency.arrivals import EQUAL, Lifetimes, busy_on_arrival, company, loaded_latency, seen_on_arrival
-from specserve.latency.formulas import SpecCoefficients
-from specserve.latency.moe import MoeDemands, MoeExperts, moe_latency
+from specserve.latency.equations.acceptance import expected_tokens
+from specserve.latency.equations.arrival_regularity import EQUAL, Lifetimes, busy_on_arrival, company, loaded_latency, seen_on_arrival
+from specserve.latency.equations.formulas import SpecCoefficients
+from specserve.latency.equations.moe import MoeDemands, MoeExperts, moe_latency
 
 TRUE = SpecCoefficients(c1p=0.3, c1v=0.02, c1d=0.004, c2p=0.05, c2v=0.002, c2d=0.002)
 TTFT = {"t1": 0.05, "t1d": 0.012, "tb": 0.015, "tb_d": 0.003, "t2": 0.004, "t2d": 0.002}

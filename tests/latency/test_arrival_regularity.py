@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from specserve.errors import SpecServeError
-from specserve.latency.arrivals import (EQUAL, Lifetimes, busy_on_arrival, check_cv, company, loaded_latency,
+from specserve.latency.equations.arrival_regularity import (EQUAL, Lifetimes, busy_on_arrival, check_cv, company, loaded_latency,
                                         run_cv, seen_on_arrival)
 
 

@@ -1,4 +1,4 @@
-"""Replicas for an SLO (specserve/latency/capacity.py) and `specserve latency plan --replicas`."""
+"""Replicas for an SLO (specserve/latency/decisions/capacity.py) and `specserve latency plan --replicas`."""
 import json
 import math
 
@@ -6,11 +6,11 @@ import pytest
 
 from specserve.cli import main
 from specserve.errors import SpecServeError
-from specserve.latency import model_file
-from specserve.latency.capacity import (FIT_MARGIN, Slo, Traffic, capacity_per_replica, per_replica,
+from specserve.latency.fitting import model_file
+from specserve.latency.decisions.capacity import (FIT_MARGIN, Slo, Traffic, capacity_per_replica, per_replica,
                                         plan_capacity, replicas_needed, split_cv)
-from specserve.latency.capacity_report import render
-from specserve.latency.lengths import LengthClass
+from specserve.latency.decisions.capacity_report import render
+from specserve.latency.equations.lengths import LengthClass
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +134,7 @@ def test_cli_needs_a_rate_somewhere(model_path, capsys):
 
 
 def test_a_skewed_mix_of_few_lengths_keeps_each_length():
-    from specserve.latency.capacity_report import mix_classes
+    from specserve.latency.decisions.capacity_report import mix_classes
     classes = mix_classes([100] * 8 + [300] * 2, [32] * 8 + [512] * 2)
     assert [(c.prompt_tokens, c.output_tokens, c.weight) for c in classes] == [(100, 32, 0.8), (300, 512, 0.2)]
     assert len(mix_classes(range(100), range(1, 101))) == 4  # many lengths: quantile bins

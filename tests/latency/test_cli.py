@@ -5,10 +5,10 @@ import matplotlib.image
 import pytest
 
 from specserve.cli import main
-from specserve.latency import model_file
-from specserve.latency.crossval import standard_error, summarize
-from specserve.latency.runs import load_runs
-from specserve.latency.validate import BIAS_COLUMN, GOALS, SE_COLUMN, markdown, render
+from specserve.latency.fitting import model_file
+from specserve.latency.fitting.crossval import standard_error, summarize
+from specserve.latency.records.runs import load_runs
+from specserve.latency.fitting.validate import BIAS_COLUMN, GOALS, SE_COLUMN, markdown, render
 
 
 @pytest.fixture(scope="module")

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from specserve.latency.fit import FitOptions, fit_runs
-from specserve.latency.runs import load_runs
-from specserve.latency.validate import validate_files
+from specserve.latency.fitting.fit import FitOptions, fit_runs
+from specserve.latency.records.runs import load_runs
+from specserve.latency.fitting.validate import validate_files
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "results"

@@ -6,14 +6,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specserve.latency.acceptance import expected_tokens
-from specserve.latency.e2e import fit_demands
-from specserve.latency.fit import FitOptions, fit_model, fit_runs
-from specserve.latency.moe import MoeExperts
-from specserve.latency.planning import break_even_for, max_rate_within
-from specserve.latency.report import explain
-from specserve.latency.runs import load_runs
-from specserve.latency.saturation import split_saturated
+from specserve.latency.equations.acceptance import expected_tokens
+from specserve.latency.fitting.e2e import fit_demands
+from specserve.latency.fitting.fit import FitOptions, fit_model, fit_runs
+from specserve.latency.equations.moe import MoeExperts
+from specserve.latency.decisions.planning import break_even_for, max_rate_within
+from specserve.latency.decisions.report import explain
+from specserve.latency.records.runs import load_runs
+from specserve.latency.records.saturation import split_saturated
 from synthetic import CONFIGS, PREFILL_PER_TOKEN, TAILS, TPOT, TRUE, TTFT, Sweep, write_sweep
 
 
@@ -101,7 +101,7 @@ def test_prefill_prior_settles_what_speculative_runs_of_one_length_leave_open():
     the prefill's load term c2p from the verify's c2v, so plain decoding (g/E = 128) predicted from them
     extrapolates along a direction the data leave flat. Drawn towards the prefill time (the lone TTFT,
     here the true c2p) the fit predicts plain decoding no worse at any noise draw and better on average."""
-    from specserve.latency.e2e import demand_features
+    from specserve.latency.fitting.e2e import demand_features
     true = np.array([0.0, 0.028, 0.0015, 0.39, 0.0, 0.0016])  # c1p c1v c1d c2p c2v c2d, like attempt 8
     configs = [(1, 1.35), (2, 1.48), (4, 1.51), (6, 1.49)]
     X = np.array([demand_features(k, e, 128) for k, e in configs for _ in range(8)])
@@ -163,7 +163,7 @@ def test_draft_floor_keeps_plain_decoding_within_reach_of_speculative_runs(tmp_p
 
 def test_confidence_intervals_follow_a_reparametrisation():
     """Intervals of θ = T·θ' from a fit made in θ': centred on T·θ', and for T = I the plain intervals."""
-    from specserve.latency.regression import confidence_intervals, t_quantile
+    from specserve.latency.fitting.regression import confidence_intervals, t_quantile
     rng = np.random.default_rng(0)
     jac, values, residuals = rng.standard_normal((20, 3)), np.array([1.0, 2.0, 0.5]), 0.1 * rng.standard_normal(20)
     plain = confidence_intervals(values, jac, residuals)

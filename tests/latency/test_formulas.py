@@ -4,9 +4,9 @@ import math
 import pytest
 
 from specserve.errors import SpecServeError
-from specserve.latency.acceptance import (acceptance_length_from_spec, expected_tokens,
+from specserve.latency.equations.acceptance import (acceptance_length_from_spec, expected_tokens,
                                           expected_tokens_positional, solve_alpha)
-from specserve.latency.formulas import (Demands, SpecCoefficients, best_k_at_rate, best_k_under_target,
+from specserve.latency.equations.formulas import (Demands, SpecCoefficients, best_k_at_rate, best_k_under_target,
                                         break_even, dense_latency, speedup, speedup_from_ratios)
 
 COEFS = SpecCoefficients(c1p=0.3, c1v=0.02, c1d=0.004, c2p=0.05, c2v=0.002, c2d=0.002)

@@ -4,8 +4,8 @@ import math
 import pytest
 
 from specserve.errors import SpecServeError
-from specserve.latency.formulas import Demands
-from specserve.latency.moe import MoeDemands, MoeExperts, moe_latency, routed_tokens
+from specserve.latency.equations.formulas import Demands
+from specserve.latency.equations.moe import MoeDemands, MoeExperts, moe_latency, routed_tokens
 
 EXPERTS = MoeExperts(8, 128)
 SPLIT = MoeDemands(c1u=1.0, c1s=1.5, c2u=0.05, c2s=0.2)
@@ -30,7 +30,7 @@ def test_solution_satisfies_the_fixed_point():
 
 @pytest.mark.parametrize("cv", [0.25, 2.0])
 def test_solution_satisfies_the_fixed_point_with_non_poisson_arrivals(cv):
-    from specserve.latency.arrivals import company
+    from specserve.latency.equations.arrival_regularity import company
 
     for rate, k in [(0.5, 0), (1.5, 4), (3.0, 2)]:
         latency = moe_latency(rate, SPLIT, EXPERTS, k + 1, cv)

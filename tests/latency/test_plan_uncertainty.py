@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from specserve.cli import main
-from specserve.latency import model_file
-from specserve.latency.fit import FitOptions, fit_runs
-from specserve.latency.planning import coefficient_draws, outside_measured, plan
-from specserve.latency.regression import FittedCoefficients
-from specserve.latency.report import coefficient_band, explain, term
-from specserve.latency.runs import load_runs
+from specserve.latency.fitting import model_file
+from specserve.latency.fitting.fit import FitOptions, fit_runs
+from specserve.latency.decisions.planning import coefficient_draws, outside_measured, plan
+from specserve.latency.fitting.regression import FittedCoefficients
+from specserve.latency.decisions.report import coefficient_band, explain, term
+from specserve.latency.records.runs import load_runs
 from synthetic import Sweep, write_sweep
 
 # As in the issue: two speculative configurations (k = 3, 4), four rates each, nothing else.

@@ -5,12 +5,12 @@ import math
 import pytest
 
 from specserve.errors import SpecServeError
-from specserve.latency import model_file
-from specserve.latency.acceptance import expected_tokens
-from specserve.latency.e2e import SIX
-from specserve.latency.formulas import SpecCoefficients, best_k_at_rate, best_k_under_target, break_even
-from specserve.latency.planning import best_k_bands, break_even_for, candidate_ks, max_rate_within, plan
-from specserve.latency.report import explain
+from specserve.latency.fitting import model_file
+from specserve.latency.equations.acceptance import expected_tokens
+from specserve.latency.fitting.e2e import SIX
+from specserve.latency.equations.formulas import SpecCoefficients, best_k_at_rate, best_k_under_target, break_even
+from specserve.latency.decisions.planning import best_k_bands, break_even_for, candidate_ks, max_rate_within, plan
+from specserve.latency.decisions.report import explain
 
 KS = list(range(0, 9))
 

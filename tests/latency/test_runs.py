@@ -3,9 +3,9 @@ import numpy as np
 import pytest
 
 from specserve.errors import SpecServeError
-from specserve.latency.acceptance import expected_tokens, positional_acceptance
-from specserve.latency.runs import load_runs
-from specserve.latency.saturation import SaturationRules, saturation_reasons
+from specserve.latency.equations.acceptance import expected_tokens, positional_acceptance
+from specserve.latency.records.runs import load_runs
+from specserve.latency.records.saturation import SaturationRules, saturation_reasons
 from synthetic import minimal_record, write_records
 
 
@@ -126,7 +126,7 @@ def test_burst_runs_are_never_fitted(tmp_path):
 def test_shared_request_file_is_split_by_run(tmp_path):
     import json
 
-    from specserve.latency.requests import load_request_samples
+    from specserve.latency.records.requests import load_request_samples
 
     rows = [{"run": run, "id": i, "measured": i > 0, "prompt_tokens": None, "est_prompt_tokens": 100 + i,
              "output_tokens": 10 * n, "ttft_s": 0.1, "error": None}
@@ -145,7 +145,7 @@ def test_shared_request_file_is_split_by_run(tmp_path):
 
 
 def test_e2e_noise_is_the_spread_lengths_do_not_explain():
-    from specserve.latency.requests import RequestSample
+    from specserve.latency.records.requests import RequestSample
 
     g = np.array([20.0, 60.0, 100.0, 300.0, 500.0, 40.0])
     noise = np.array([0.1, -0.1, 0.1, -0.1, 0.1, -0.1])
@@ -163,7 +163,7 @@ def test_e2e_noise_is_the_spread_lengths_do_not_explain():
 
 
 def test_lifetime_company_counts_overlaps_including_warmup_requests():
-    from specserve.latency.requests import lifetime_company
+    from specserve.latency.records.requests import lifetime_company
     rows = [  # a warm-up request, then three measured ones; the last overlaps nobody
         {"sent_s": 0.0, "end_s": 4.0, "measured": False},
         {"sent_s": 2.0, "end_s": 6.0, "measured": True},   # shares 2 s with the first and 3 s with the next

@@ -3,8 +3,8 @@ not from the model's equations: the issue's accuracy goals must hold on held-out
 import pytest
 
 from batching_sim import write_sim_sweep
-from specserve.latency.fit import fit_runs
-from specserve.latency.runs import load_runs
+from specserve.latency.fitting.fit import fit_runs
+from specserve.latency.records.runs import load_runs
 
 CONFIGS = (("no-sd", 0, 0.0), ("k1", 1, 0.85), ("k2", 2, 0.85), ("k4", 4, 0.8), ("k6", 6, 0.8))
 RATES = (0.4, 0.9, 1.4, 1.9, 2.4, 2.9)

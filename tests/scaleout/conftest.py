@@ -6,9 +6,9 @@ each bounded in time; where Ray cannot start on this machine the tests are skipp
 """
 import pytest
 
-from specserve.latency import model_file
-from specserve.latency.fit import FitOptions, fit_runs
-from specserve.latency.runs import load_runs
+from specserve.latency.fitting import model_file
+from specserve.latency.fitting.fit import FitOptions, fit_runs
+from specserve.latency.records.runs import load_runs
 from specserve.settings import STEP_PACE_ENV
 from tests.latency.synthetic import write_sweep
 

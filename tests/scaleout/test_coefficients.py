@@ -1,8 +1,8 @@
 """A fitted model file -> the coefficients a replica exports (specserve/scaleout/coefficients.py)."""
 import pytest
 
-from specserve.latency import model_file
-from specserve.latency.planning import acceptance_for
+from specserve.latency.fitting import model_file
+from specserve.latency.decisions.planning import acceptance_for
 from specserve.scaleout.coefficients import from_model_file
 
 

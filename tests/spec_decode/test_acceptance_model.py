@@ -1,7 +1,7 @@
 """The acceptance model calibrates draft confidences against what the target accepted."""
 import numpy as np
 
-from specserve.batch import DraftOutcome
+from specserve.step_types import DraftOutcome
 from specserve.spec_decode.acceptance_model import AcceptanceModel, pav
 
 

@@ -2,9 +2,9 @@
 the most expected accepted tokens."""
 import pytest
 
-from specserve.batch import DraftOutcome
+from specserve.step_types import DraftOutcome
 from specserve.spec_decode.choice import DraftChoice
-from specserve.spec_decode.predictors import SpeculationModels
+from specserve.spec_decode.speculation_models import SpeculationModels
 
 
 def learned(rates: dict[str, float], k: int = 4, n: int = 400) -> SpeculationModels:

@@ -5,11 +5,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specserve.batch import BatchView, DraftOutcome, PhaseTimes, RequestView, StepFeedback
+from specserve.step_types import BatchView, DraftOutcome, PhaseTimes, RequestView, StepFeedback
 from specserve.engine.sequence import SpecStats
 from specserve.spec_decode.cost_model import KNOTS, StepCostModel, _fit
 from specserve.spec_decode.allocation import evaluate, survival
-from specserve.spec_decode.predictors import SpeculationModels
+from specserve.spec_decode.speculation_models import SpeculationModels
 from specserve.spec_decode.policies import make_policy
 
 K = 4
@@ -203,7 +203,7 @@ def test_drafting_error_learns_the_added_time_and_forgets_it():
     """Drafting steps that add twice the predicted time: the factor approaches 2, whatever the model's bias on
     plain steps (here it predicts plain steps 10 % fast, which is not drafting's fault); then plain steps
     alone bring it back towards 1."""
-    from specserve.spec_decode.predictors import DraftingError
+    from specserve.spec_decode.speculation_models import DraftingError
     error = DraftingError()
     for _ in range(300):
         error.observe(False, 0.011, 0.010, 0.010)             # plain: measured 1.1 x predicted

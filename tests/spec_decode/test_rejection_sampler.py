@@ -65,7 +65,7 @@ def test_no_random_draws_for_requests_without_drafts():
     p = torch.softmax(torch.randn(1, 1, V), -1)
     g1, g2 = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
     rejection_sample(p.argmax(-1), p, torch.zeros(1, 0, dtype=torch.long), None, [0], [g1])
-    from specserve.sampling import uniforms
+    from specserve.sampling_ops import uniforms
     uniforms([g2], 1, "cpu", torch.float64)  # plain decoding's single draw: one uniform (inverse CDF)
     assert torch.equal(g1.get_state(), g2.get_state())
 

@@ -47,7 +47,7 @@ draft long only while the batch is small, since each drafted token costs more as
 """
 from __future__ import annotations
 
-from specserve.batch import BatchView, StepFeedback
+from specserve.step_types import BatchView, StepFeedback
 
 
 class Policy:
@@ -55,7 +55,7 @@ class Policy:
     wants_confidences = False  # compute draft confidences and hand them to observe()
     uses_cost_model = False    # the engine profiles the step cost model at startup for it
     may_draft = True           # False: plan() is never asked (no batch view, no lookups, nothing to observe)
-    models = None              # the engine's SpeculationModels (spec_decode/predictors.py): step cost, acceptance
+    models = None              # the engine's SpeculationModels (spec_decode/speculation_models.py): step cost, acceptance
     last_plan = None           # a model-based policy's Allocation of its latest plan() (None: it made none);
     # the scheduler hands it on in the StepPlan, for the step's stats
 

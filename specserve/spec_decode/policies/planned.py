@@ -19,8 +19,8 @@ class Planned(Policy):
         super().__init__(max_drafts)
         if not model:
             raise SpecServeError('policy "planned" needs "policy_options": {"model": "<latency model JSON>"}')
-        from specserve.latency.model_file import load
-        from specserve.latency.planning import candidate_ks
+        from specserve.latency.fitting.model_file import load
+        from specserve.latency.decisions.planning import candidate_ks
         self.latency = load(model).model
         self.candidates = candidate_ks(self.latency, range(max_drafts + 1))[0]  # k -> E the fit can speak for
         self.window, self.every = float(window), float(every)

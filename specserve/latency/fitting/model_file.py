@@ -11,14 +11,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from specserve.errors import SpecServeError
-from specserve.latency.e2e import E2EModel
-from specserve.latency.fit import FitReport
-from specserve.latency.lengths import LengthClass
-from specserve.latency.model import Configuration, LatencyModel
-from specserve.latency.moe import MoeExperts
-from specserve.latency.phases import PhaseModel
-from specserve.latency.regression import FittedCoefficients, RowSpace
-from specserve.latency.tails import TailModel
+from specserve.latency.fitting.e2e import E2EModel
+from specserve.latency.fitting.fit import FitReport
+from specserve.latency.equations.lengths import LengthClass
+from specserve.latency.fitting.model import Configuration, LatencyModel
+from specserve.latency.equations.moe import MoeExperts
+from specserve.latency.fitting.phases import PhaseModel
+from specserve.latency.fitting.regression import FittedCoefficients, RowSpace
+from specserve.latency.fitting.tails import TailModel
 
 MODEL_SCHEMA = "specserve.latency.model/1"
 

@@ -8,10 +8,10 @@ import math
 import numpy as np
 
 from specserve.errors import SpecServeError
-from specserve.latency import model_file
-from specserve.latency.capacity import CapacityPlan, Option, Slo, Traffic, plan_capacity, split_cv
-from specserve.latency.lengths import LengthClass, length_classes, read_lengths
-from specserve.latency.report import seconds
+from specserve.latency.fitting import model_file
+from specserve.latency.decisions.capacity import CapacityPlan, Option, Slo, Traffic, plan_capacity, split_cv
+from specserve.latency.equations.lengths import LengthClass, length_classes, read_lengths
+from specserve.latency.decisions.report import seconds
 
 N_CLASSES = 4
 
@@ -32,7 +32,7 @@ def traffic_from_args(args: argparse.Namespace, rate: float | None) -> Traffic:
     columns), --lengths a mix, --rates the rate (overriding a trace's)."""
     classes, source, trace_rate = None, "", None
     if args.trace:
-        from specserve.benchmark.arrivals import load_trace
+        from specserve.benchmark.arrival_schedules import load_trace
 
         trace = load_trace(args.trace)
         trace_rate = trace.mean_rate / args.time_scale

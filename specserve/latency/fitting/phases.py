@@ -26,9 +26,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from specserve.errors import SpecServeError
-from specserve.latency.arrivals import busy_on_arrival, company, seen_on_arrival
-from specserve.latency.regression import FittedCoefficients, RowSpace, nonneg_weighted_lstsq
-from specserve.latency.runs import BenchRun
+from specserve.latency.equations.arrival_regularity import busy_on_arrival, company, seen_on_arrival
+from specserve.latency.fitting.regression import FittedCoefficients, RowSpace, nonneg_weighted_lstsq
+from specserve.latency.records.runs import BenchRun
 
 NAMES = {"ttft": ("t1", "t1d", "tb", "tb_d", "t2", "t2d"), "tpot": ("s1v", "s1d", "s2v", "s2d")}
 

@@ -7,8 +7,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from specserve.errors import SpecServeError
-from specserve.latency.fit import FitOptions, FitReport, fit_runs
-from specserve.latency.runs import load_runs
+from specserve.latency.fitting.fit import FitOptions, FitReport, fit_runs
+from specserve.latency.records.runs import load_runs
 
 # Mean-E2E MAPE goals from the issue: held-out rates ≤ 5%, held-out k ≤ 8% (a configuration is one
 # (α, k); held out alone it is at least as hard as its k, whose other configurations stay in training).

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specserve.latency.runs import BenchRun
+from specserve.latency.records.runs import BenchRun
 
 
 @dataclass(slots=True)

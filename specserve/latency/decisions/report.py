@@ -4,11 +4,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from specserve.latency.arrivals import company
-from specserve.latency.fit import FitReport
-from specserve.latency.planning import best_k_bands, break_even_for, candidate_ks, measured_ks, outside_measured
-from specserve.latency.regression import FittedCoefficients
-from specserve.latency.tails import EXPONENTIAL_FACTOR
+from specserve.latency.equations.arrival_regularity import company
+from specserve.latency.fitting.fit import FitReport
+from specserve.latency.decisions.planning import best_k_bands, break_even_for, candidate_ks, measured_ks, outside_measured
+from specserve.latency.fitting.regression import FittedCoefficients
+from specserve.latency.fitting.tails import EXPONENTIAL_FACTOR
 
 
 def seconds(value: float | None) -> str:

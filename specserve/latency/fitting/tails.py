@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specserve.latency.regression import FittedCoefficients, nonneg_weighted_lstsq
-from specserve.latency.runs import BenchRun
+from specserve.latency.fitting.regression import FittedCoefficients, nonneg_weighted_lstsq
+from specserve.latency.records.runs import BenchRun
 
 METRICS = ("e2e", "ttft", "tpot")
 QUANTILES = ("p95", "p99")

@@ -31,12 +31,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from specserve.errors import SpecServeError
-from specserve.latency.arrivals import EQUAL, Lifetimes, company, loaded_latency
-from specserve.latency.formulas import Demands, check_rate
-from specserve.latency.moe import MoeDemands, MoeExperts, moe_latency, routed_tokens
-from specserve.latency.regression import (FittedCoefficients, RowSpace, confidence_intervals, covariance,
+from specserve.latency.equations.arrival_regularity import EQUAL, Lifetimes, company, loaded_latency
+from specserve.latency.equations.formulas import Demands, check_rate
+from specserve.latency.equations.moe import MoeDemands, MoeExperts, moe_latency, routed_tokens
+from specserve.latency.fitting.regression import (FittedCoefficients, RowSpace, confidence_intervals, covariance,
                                           nonneg_weighted_lstsq)
-from specserve.latency.runs import BenchRun
+from specserve.latency.records.runs import BenchRun
 
 SIX = ("c1p", "c1v", "c1d", "c2p", "c2v", "c2d")
 _MAX_START_LOAD = 0.95  # the nonlinear fit starts with every run's λ·C2 at most this

@@ -20,11 +20,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from specserve.errors import SpecServeError
-from specserve.latency.formulas import BreakEven
-from specserve.latency.lengths import LengthClass
-from specserve.latency.model import LatencyModel, Prediction
-from specserve.latency.planning import AlphaSpec, break_even_for, candidate_ks
-from specserve.latency.tails import METRICS, QUANTILES
+from specserve.latency.equations.formulas import BreakEven
+from specserve.latency.equations.lengths import LengthClass
+from specserve.latency.fitting.model import LatencyModel, Prediction
+from specserve.latency.decisions.planning import AlphaSpec, break_even_for, candidate_ks
+from specserve.latency.fitting.tails import METRICS, QUANTILES
 
 STATS = ("mean",) + QUANTILES
 

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from specserve.errors import SpecServeError
-from specserve.latency.runs import BenchRun
+from specserve.latency.records.runs import BenchRun
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import numpy as np
 
-from specserve.latency.arrivals import company
-from specserve.latency.fit import FitReport
-from specserve.latency.formulas import Demands
-from specserve.latency.moe import routed_tokens
-from specserve.latency.planning import break_even_for
-from specserve.latency.runs import BenchRun
+from specserve.latency.equations.arrival_regularity import company
+from specserve.latency.fitting.fit import FitReport
+from specserve.latency.equations.formulas import Demands
+from specserve.latency.equations.moe import routed_tokens
+from specserve.latency.decisions.planning import break_even_for
+from specserve.latency.records.runs import BenchRun
 
 
 def _is_excluded(report: FitReport, run: BenchRun) -> bool:

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specserve.errors import SpecServeError
-from specserve.latency.acceptance import acceptance_length_from_spec, check_k, expected_tokens
-from specserve.latency.arrivals import EQUAL, Lifetimes, run_cv
+from specserve.latency.equations.acceptance import acceptance_length_from_spec, check_k, expected_tokens
+from specserve.latency.equations.arrival_regularity import EQUAL, Lifetimes, run_cv
 
 RUN_SCHEMA = "specserve.bench.run/1"
 

@@ -9,18 +9,18 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from specserve.errors import SpecServeError
-from specserve.latency.acceptance import positional_acceptance, solve_alpha
-from specserve.latency.arrivals import Lifetimes, company
-from specserve.latency.crossval import cross_validate, groupings, observed_predicted, summarize
-from specserve.latency.e2e import fit_e2e, lone_prefill
-from specserve.latency.lengths import LengthClass, length_classes, prefill_slope
-from specserve.latency.model import Configuration, LatencyModel
-from specserve.latency.moe import MoeExperts
-from specserve.latency.phases import fit_phase
-from specserve.latency.requests import RequestSample, load_request_samples
-from specserve.latency.runs import BenchRun
-from specserve.latency.saturation import SaturationRules, split_saturated
-from specserve.latency.tails import TailModel, fit_tails
+from specserve.latency.equations.acceptance import positional_acceptance, solve_alpha
+from specserve.latency.equations.arrival_regularity import Lifetimes, company
+from specserve.latency.fitting.crossval import cross_validate, groupings, observed_predicted, summarize
+from specserve.latency.fitting.e2e import fit_e2e, lone_prefill
+from specserve.latency.equations.lengths import LengthClass, length_classes, prefill_slope
+from specserve.latency.fitting.model import Configuration, LatencyModel
+from specserve.latency.equations.moe import MoeExperts
+from specserve.latency.fitting.phases import fit_phase
+from specserve.latency.records.requests import RequestSample, load_request_samples
+from specserve.latency.records.runs import BenchRun
+from specserve.latency.records.saturation import SaturationRules, split_saturated
+from specserve.latency.fitting.tails import TailModel, fit_tails
 
 
 @dataclass(frozen=True, slots=True)

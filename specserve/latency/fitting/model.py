@@ -5,14 +5,14 @@ import math
 from dataclasses import dataclass, field, replace
 
 from specserve.errors import SpecServeError
-from specserve.latency.acceptance import check_k
-from specserve.latency.arrivals import EQUAL, Lifetimes, check_cv, company
-from specserve.latency.e2e import E2EModel, latency_of
-from specserve.latency.formulas import Demands, check_rate
-from specserve.latency.lengths import LengthClass
-from specserve.latency.moe import MoeDemands, routed_tokens
-from specserve.latency.phases import PhaseModel
-from specserve.latency.tails import METRICS, QUANTILES, TailModel
+from specserve.latency.equations.acceptance import check_k
+from specserve.latency.equations.arrival_regularity import EQUAL, Lifetimes, check_cv, company
+from specserve.latency.fitting.e2e import E2EModel, latency_of
+from specserve.latency.equations.formulas import Demands, check_rate
+from specserve.latency.equations.lengths import LengthClass
+from specserve.latency.equations.moe import MoeDemands, routed_tokens
+from specserve.latency.fitting.phases import PhaseModel
+from specserve.latency.fitting.tails import METRICS, QUANTILES, TailModel
 
 
 def class_lifetimes(classes: tuple[LengthClass, ...]) -> Lifetimes:

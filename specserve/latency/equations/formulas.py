@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 
 from specserve.errors import SpecServeError
-from specserve.latency.acceptance import check_k, expected_tokens, expected_tokens_positional
+from specserve.latency.equations.acceptance import check_k, expected_tokens, expected_tokens_positional
 
 
 def check_rate(rate: float) -> float:

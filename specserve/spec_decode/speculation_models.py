@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from specserve.batch import BatchView, StepFeedback
+from specserve.step_types import BatchView, StepFeedback
 from specserve.spec_decode.acceptance_model import AcceptanceModel
 from specserve.spec_decode.allocation import StepCosts
 from specserve.spec_decode.config import FREE

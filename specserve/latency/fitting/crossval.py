@@ -14,9 +14,9 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 
 from specserve.errors import SpecServeError
-from specserve.latency.model import LatencyModel
-from specserve.latency.runs import BenchRun
-from specserve.latency.tails import METRICS, QUANTILES
+from specserve.latency.fitting.model import LatencyModel
+from specserve.latency.records.runs import BenchRun
+from specserve.latency.fitting.tails import METRICS, QUANTILES
 
 TARGETS = METRICS + tuple(f"{m}_{q}" for m in METRICS for q in QUANTILES)
 

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from specserve.errors import SpecServeError
-from specserve.latency.formulas import BreakEven, break_even, expected_for
-from specserve.latency.model import LatencyModel
+from specserve.latency.equations.formulas import BreakEven, break_even, expected_for
+from specserve.latency.fitting.model import LatencyModel
 
 AlphaSpec = float | Sequence[float] | None
 

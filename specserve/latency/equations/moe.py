@@ -11,8 +11,8 @@ import math
 from dataclasses import dataclass
 
 from specserve.errors import SpecServeError
-from specserve.latency.arrivals import EQUAL, Lifetimes, company, loaded_latency
-from specserve.latency.formulas import Demands, check_rate
+from specserve.latency.equations.arrival_regularity import EQUAL, Lifetimes, company, loaded_latency
+from specserve.latency.equations.formulas import Demands, check_rate
 
 
 @dataclass(frozen=True, slots=True)

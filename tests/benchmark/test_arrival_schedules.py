@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from specserve.benchmark import arrivals as arr
+from specserve.benchmark import arrival_schedules as arr
 from specserve.errors import SpecServeError
 
 

@@ -1,0 +1,1 @@
+"""The latency model's pure math (design §2): no data, no fitting."""
