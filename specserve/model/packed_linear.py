@@ -16,10 +16,8 @@ from torch import nn
 from specserve.model.cpu_linear import KernelLinear
 
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
-# oneDNN picks a slower kernel for 1-2 input rows than for 3 (memory-bound shapes, so the padding rows are
-# nearly free): padding to 3 made a target forward over 2 rows -- a k = 1 verify, a batch-2 decode --
-# 29.4 -> 26.1 ms and one over 1 row 26.2 -> 25.4 ms, with bit-identical logits
-# (`python bench/forward_cost.py --compare-unpadded`, docs/latency.md attempt 17).
+# oneDNN picks a slower kernel for 1-2 input rows than for 3, and these shapes are memory-bound, so padding
+# rows cost almost nothing; the logits stay bit-identical (`python bench/forward_cost.py --compare-unpadded`).
 MIN_ROWS = 3
 
 
