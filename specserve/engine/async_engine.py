@@ -47,9 +47,10 @@ RESTART_WINDOW_S = 600.0
 class AsyncLLMEngine:
     def __init__(self, config: EngineConfig | None = None, engine=None,
                  stall_timeout: float = DEFAULT_STALL_TIMEOUT_S, process: bool = False,
-                 max_restarts: int = DEFAULT_ENGINE_RESTARTS):
+                 max_restarts: int = DEFAULT_ENGINE_RESTARTS, started: tuple | None = None):
         """Give a config (the engine is built here, or in its own process with `process=True`) or a built
-        LLMEngine (run on a thread). `max_restarts`: see the module's docstring (engine processes only)."""
+        LLMEngine (run on a thread). `max_restarts`: see the module's docstring (engine processes only).
+        `started`: what `start_engine_process(config)` returned, when the caller started the process early."""
         self.engine = None  # the LLMEngine, when it lives in this process (None with process=True)
         self._process = None
         self.config = config or EngineConfig()
@@ -62,7 +63,7 @@ class AsyncLLMEngine:
         if process:
             if engine is not None:
                 raise ValueError("an engine built here cannot run in another process")
-            self._process, self._commands, self._messages = start_engine_process(self.config)
+            self._process, self._commands, self._messages = started or start_engine_process(self.config)
         else:
             from specserve.engine.llm_engine import LLMEngine
             self.engine = engine or LLMEngine(self.config)

@@ -81,9 +81,25 @@ def repack_q4(blocks: torch.Tensor, fmt: str) -> torch.Tensor:
 def quantize(weight: torch.Tensor, fmt: str) -> torch.Tensor:
     """A float matrix [N, K] -> GGUF blocks [N, row bytes] (uint8), quantized by gguf-py (llama.cpp's
     reference quantizers). K must be a multiple of the format's block (32)."""
+    if fmt == "q8_0":
+        return _quantize_q8_0(weight)
     from gguf import quants
     blocks = quants.quantize(weight.detach().float().cpu().numpy(), gguf_name(fmt))
     return torch.from_numpy(np.ascontiguousarray(blocks))
+
+
+def _quantize_q8_0(weight: torch.Tensor) -> torch.Tensor:
+    """gguf-py's Q8_0 (per 32 weights: d = max|w|/127 as float16, then round(w/d) half away from zero) in torch,
+    bit for bit (tests/model/test_cpu_linear.py): numpy's version makes a temporary per step over every
+    block, and the drafts' matrices are quantized at every start."""
+    w = weight.detach().float().cpu().reshape(-1, 32)
+    d = w.abs().amax(dim=1, keepdim=True) / 127
+    x = w * torch.where(d == 0, torch.zeros_like(d), 1 / d)
+    a = x.abs()
+    whole = a.floor()
+    q = torch.sign(x) * (whole + torch.floor(2 * (a - whole)))
+    blocks = torch.cat([d.half().view(torch.uint8), q.to(torch.int8).view(torch.uint8)], dim=1)
+    return blocks.reshape(weight.shape[0], -1).contiguous()
 
 
 def dequantize_gguf(blocks: torch.Tensor, fmt: str, in_features: int) -> torch.Tensor:

@@ -73,8 +73,8 @@ def sentencepiece_bpe(g, tokens: list[str], types: list[int]) -> Tokenizer:
     return tok
 
 
-def gguf_tokenizer_files(g) -> dict[str, dict]:
-    """tokenizer.json and tokenizer_config.json contents built from the GGUF tokenizer metadata (g: a
+def _build(g) -> tuple[Tokenizer, dict]:
+    """The tokenizer and the tokenizer_config.json contents built from the GGUF tokenizer metadata (g: a
     gguf_convert.GGUFFile)."""
     kind = g.require("tokenizer.ggml.model")
     if kind not in TOKENIZER_KINDS:
@@ -109,13 +109,17 @@ def gguf_tokenizer_files(g) -> dict[str, dict]:
         tok.post_processor = processors.TemplateProcessing(
             single=single, pair=single + [p.replace("$A", "$B") for p in single],
             special_tokens=[(t, tokens.index(t)) for t in (bos, eos) if t])
+    return tok, config
+
+
+def gguf_tokenizer_files(g) -> dict[str, dict]:
+    """tokenizer.json and tokenizer_config.json contents, for a folder converted from the GGUF file."""
+    tok, config = _build(g)
     return {"tokenizer.json": json.loads(tok.to_str()), "tokenizer_config.json": config}
 
 
 def gguf_tokenizer(g, eos_token_ids: list[int]) -> SpecserveTokenizer:
     """The file's tokenizer with its chat template and special tokens, as the engine uses it."""
-    files = gguf_tokenizer_files(g)
-    config = files["tokenizer_config.json"]
+    tok, config = _build(g)
     special = {k: config[k] for k in ("bos_token", "eos_token", "unk_token", "pad_token") if k in config}
-    return SpecserveTokenizer(Tokenizer.from_str(json.dumps(files["tokenizer.json"])), config.get("chat_template"),
-                              special, eos_token_ids)
+    return SpecserveTokenizer(tok, config.get("chat_template"), special, eos_token_ids)

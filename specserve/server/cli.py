@@ -105,18 +105,26 @@ def _serve(args) -> int:
     from specserve.server import launch
 
     sock = launch.bind(args.host, args.port)  # a taken port fails now, not after loading the model
+    started = None
     try:
         from specserve.engine.args import engine_config_from_args
+        from specserve.engine.engine_loop import start_engine_process
+
+        args.speculative_config, why = speculative_choice(args.speculative_config, args.model)
+        log.info(why)
+        config = engine_config_from_args(args)
+        # The engine process imports torch and loads the model while this one imports the server: the two
+        # startups overlap instead of adding up (docs/design.md §5.1).
+        started = None if args.engine_thread else start_engine_process(config)
         from specserve.engine.async_engine import AsyncLLMEngine
         from specserve.server.app import build_app
         from specserve.server.generation_config import resolve
 
-        args.speculative_config, why = speculative_choice(args.speculative_config, args.model)
+        sampling_defaults, why = resolve(args.generation_config, args.model)
         log.info(why)
-        sampling_defaults, why = resolve(args.generation_config, args.model)  # a bad folder fails before loading
-        log.info(why)
-        engine = AsyncLLMEngine(engine_config_from_args(args), stall_timeout=args.engine_stall_timeout,
-                                process=not args.engine_thread, max_restarts=args.engine_restarts)
+        engine = AsyncLLMEngine(config, stall_timeout=args.engine_stall_timeout, process=not args.engine_thread,
+                                max_restarts=args.engine_restarts, started=started)
+        started = None  # the engine owns its process now
         app = build_app(engine, args.served_model_name or [args.model], args.api_key or settings.api_key,
                         args.max_queue, max_request_bytes=args.max_request_bytes, timeout_read=args.timeout_read,
                         sampling_defaults=sampling_defaults, tool_call_parser=args.tool_call_parser)
@@ -124,4 +132,6 @@ def _serve(args) -> int:
                    timeout_keep_alive=args.timeout_keep_alive, timeout_read=args.timeout_read)
     finally:
         sock.close()
+        if started is not None:  # startup failed before the engine took its process
+            started[0].terminate()
     return 0

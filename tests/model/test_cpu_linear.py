@@ -182,3 +182,18 @@ def test_can_be_turned_off(monkeypatch):
         monkeypatch.setattr(settings, "cpu_kernels", True)
         kernels._library.cache_clear()
     assert kernel_can_run(torch.zeros(1)) and not kernel_can_run(torch.zeros(1).half())
+
+
+def test_q8_0_quantizer_writes_gguf_py_bytes():
+    """Our torch Q8_0 quantizer against gguf-py's (llama.cpp's reference), on the cases its rounding meets:
+    all-zero blocks, halves (x.5 rounds away from zero), negative maxima, and ordinary weights."""
+    import numpy as np
+    from gguf import GGMLQuantizationType, quants
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(64, 96, generator=g)
+    w[0] = 0.0
+    w[1, :32] = torch.arange(32) - 15.5          # halves after scaling by 127/max
+    w[2, :32] = -torch.linspace(0, 3, 32)        # the maximum magnitude negative
+    w[3] *= 1e-30                                # tiny, not zero
+    expected = quants.quantize(w.numpy(), GGMLQuantizationType.Q8_0)
+    assert np.array_equal(quantize(w, "q8_0").numpy(), expected)
