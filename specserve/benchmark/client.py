@@ -103,7 +103,8 @@ class StreamingClient:
         self.extra_body = extra_body or {}
         self.timeout_s = timeout_s
 
-    def body(self, prompt: str, max_tokens: int, messages: list[dict] | None = None) -> dict:
+    def body(self, prompt: str, max_tokens: int, messages: list[dict] | None = None, session: str | None = None
+             ) -> dict:
         body = {"model": self.model, "max_tokens": max_tokens, "temperature": self.temperature,
                 "stream": True, "stream_options": {"include_usage": True}}
         if self.chat:
@@ -113,14 +114,19 @@ class StreamingClient:
         if self.ignore_eos:
             # vLLM, SGLang, llama.cpp and specserve all accept this extension; it forces max_tokens tokens.
             body["ignore_eos"] = True
+        if session is not None:
+            # OpenAI's end-user field: every server accepts it, and a session-affine router (ours reads
+            # `session_id`, then `user`) keeps a conversation on the replica that holds its prefix.
+            body["user"] = session
         body.update(self.extra_body)
         return body
 
-    async def send(self, result: RequestResult, prompt: str, clock, messages: list[dict] | None = None
-                   ) -> RequestResult:
+    async def send(self, result: RequestResult, prompt: str, clock, messages: list[dict] | None = None,
+                   session: str | None = None) -> RequestResult:
         """Stream one request; `clock()` gives seconds since the run's start. Fills in `result`. `messages`:
-        a whole chat history to send instead of `prompt` (chat endpoint)."""
-        body = self.body(prompt, result.max_tokens, messages)
+        a whole chat history to send instead of `prompt` (chat endpoint); `session`: the conversation it
+        belongs to (sent as `user`)."""
+        body = self.body(prompt, result.max_tokens, messages, session)
         result.sent_s = clock()
         try:
             # httpx's timeout bounds each read; this bounds the whole request, so a stalled server

@@ -5,7 +5,8 @@ Each conversation opens with an MT-Bench question and its follow-up (the data se
 further MT-Bench first turns of the same category (the shipped ShareGPT files hold first turns only). Every
 turn is a chat request carrying the whole history: the earlier user messages and the model's own replies
 (its streamed text), so turn t re-sends everything turns 1..t-1 said. A turn is sent when the previous one
-has ended plus a think time; conversations start at the run's arrival times. The record adds the mean TTFT
+has ended plus a think time; conversations start at the run's arrival times. Each turn names its
+conversation in OpenAI's `user` field, so a session-affine router can keep it where its prefix is cached. The record adds the mean TTFT
 and E2E per turn index (`turns`) and the server's prefix-cache hit rate.
 """
 from __future__ import annotations
@@ -51,7 +52,7 @@ async def execute_conversations(client: StreamingClient, conversations: list[lis
         for t, question in enumerate(conversations[c]):
             history.append({"role": "user", "content": question})
             r = RequestResult(id=-1, arrival_s=clock(), max_tokens=max_tokens, turn=t, text="")
-            await client.send(r, "", clock, messages=list(history))
+            await client.send(r, "", clock, messages=list(history), session=f"conversation-{c}")
             results[c].append(r)
             progress.advance(r.ok)
             if not r.ok:

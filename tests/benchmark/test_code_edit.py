@@ -37,3 +37,34 @@ def test_the_bench_takes_it_as_a_data_set_and_as_conversations():
     assert build_conversations(3, 2, seed=1, dataset=DATASET) == build_sessions(3, 2, seed=1)
     firsts = load_dataset(DATASET)
     assert len(firsts) == 200 and all(p.startswith("Here is a Python function:") for p in firsts)
+
+
+def test_every_turn_names_its_conversation():
+    """Each conversation's turns carry one `user` (the router's session field), different per conversation."""
+    import asyncio
+
+    import numpy as np
+
+    from specserve.benchmark.client import RequestResult
+    from specserve.benchmark.conversations import execute_conversations
+
+    class Recorder:
+        def __init__(self):
+            self.sent = []
+
+        async def send(self, result: RequestResult, prompt, clock, messages=None, session=None):
+            self.sent.append((session, len(messages)))
+            result.sent_s = result.first_token_s = result.end_s = clock()
+            result.text, result.output_tokens = "reply", 1
+            return result
+
+    class Progress:
+        def advance(self, ok):
+            pass
+
+    client = Recorder()
+    asyncio.run(execute_conversations(client, [["a", "b", "c"], ["d", "e"]], np.zeros(2), 4, 0.0, Progress()))
+    by_session = {}
+    for session, history in client.sent:
+        by_session.setdefault(session, []).append(history)
+    assert by_session == {"conversation-0": [1, 3, 5], "conversation-1": [1, 3]}
