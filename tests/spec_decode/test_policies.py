@@ -15,8 +15,8 @@ class Alternating(Policy):
 
     wants_confidences = True
 
-    def __init__(self, max_drafts, ask=100):
-        super().__init__(max_drafts)
+    def __init__(self, max_drafts, models=None, ask=100):
+        super().__init__(max_drafts, models)
         self.ask, self.steps, self.feedback = ask, 0, []
 
     def plan(self, batch):
@@ -31,8 +31,8 @@ class Alternating(Policy):
 class ByParity(Policy):
     """Drafts 2 tokens for even request ids, 1 for odd ones; records what each request drafted last step."""
 
-    def __init__(self, max_drafts):
-        super().__init__(max_drafts)
+    def __init__(self, max_drafts, models=None):
+        super().__init__(max_drafts, models)
         self.seen, self.feedback = [], []
 
     def plan(self, batch):

@@ -10,11 +10,9 @@ def make_policy(name: str, max_drafts: int, options: dict | None = None, models=
     if name not in POLICIES:
         raise SpecServeError(f"unknown speculation policy {name!r} (choose from {', '.join(sorted(POLICIES))})")
     try:
-        policy = POLICIES[name](max_drafts, **(options or {}))
+        return POLICIES[name](max_drafts, models=models, **(options or {}))
     except TypeError as e:  # an option the policy does not take, or a missing one
         raise SpecServeError(f"policy {name!r}: bad policy_options: {e}") from None
-    policy.models = models
-    return policy
 
 
 # The built-in policies register themselves on import.

@@ -26,8 +26,8 @@ from specserve.spec_decode.policies.base import Policy, register
 class Adaptive(Policy):
     uses_cost_model = True
 
-    def __init__(self, max_drafts: int, margin: float = 0.03, quiet_margin: float = 0.1, quiet_steps: int = 8):
-        super().__init__(max_drafts)
+    def __init__(self, max_drafts: int, models=None, margin: float = 0.03, quiet_margin: float = 0.1, quiet_steps: int = 8):
+        super().__init__(max_drafts, models)
         self.margin, self.quiet_margin, self.quiet_steps = float(margin), float(quiet_margin), int(quiet_steps)
         self._quiet: tuple | None = None  # (the batch's key, steps left) after a confidently plain plan
 

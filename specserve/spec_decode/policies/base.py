@@ -35,8 +35,8 @@ draft long only while the batch is small, since each drafted token costs more as
 
     @register("small_batch")
     class SmallBatch(Policy):
-        def __init__(self, max_drafts: int, max_batch: int = 4):
-            super().__init__(max_drafts)
+        def __init__(self, max_drafts: int, models=None, max_batch: int = 4):
+            super().__init__(max_drafts, models)
             self.max_batch = max_batch
 
         def plan(self, batch):
@@ -55,12 +55,14 @@ class Policy:
     wants_confidences = False  # compute draft confidences and hand them to observe()
     uses_cost_model = False    # the engine profiles the step cost model at startup for it
     may_draft = True           # False: plan() is never asked (no batch view, no lookups, nothing to observe)
-    models = None              # the engine's SpeculationModels (spec_decode/speculation_models.py): step cost, acceptance
     last_plan = None           # a model-based policy's Allocation of its latest plan() (None: it made none);
     # the scheduler hands it on in the StepPlan, for the step's stats
 
-    def __init__(self, max_drafts: int):
+    def __init__(self, max_drafts: int, models=None):
+        """models: the engine's SpeculationModels (spec_decode/speculation_models.py: step cost, acceptance),
+        which model-based policies read; None for a policy built without an engine."""
         self.max_drafts = max_drafts
+        self.models = models
 
     def plan(self, batch: BatchView) -> list[int]:
         raise NotImplementedError

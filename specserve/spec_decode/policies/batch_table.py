@@ -10,8 +10,8 @@ from specserve.spec_decode.policies.base import Policy, register
 
 @register("batch_table")
 class BatchTable(Policy):
-    def __init__(self, max_drafts: int, table: list | None = None):
-        super().__init__(max_drafts)
+    def __init__(self, max_drafts: int, models=None, table: list | None = None):
+        super().__init__(max_drafts, models)
         table = table if table is not None else [[1, max_drafts], [8, max(max_drafts // 2, 1)], [16, 1], [32, 0]]
         try:
             self.table = sorted((int(b), int(k)) for b, k in table)

@@ -15,8 +15,8 @@ from specserve.spec_decode.policies.base import Policy, register
 
 @register("planned")
 class Planned(Policy):
-    def __init__(self, max_drafts: int, model: str | None = None, window: float = 30.0, every: float = 1.0):
-        super().__init__(max_drafts)
+    def __init__(self, max_drafts: int, models=None, model: str | None = None, window: float = 30.0, every: float = 1.0):
+        super().__init__(max_drafts, models)
         if not model:
             raise SpecServeError('policy "planned" needs "policy_options": {"model": "<latency model JSON>"}')
         from specserve.latency.fitting.model_file import load

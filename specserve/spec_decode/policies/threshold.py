@@ -12,8 +12,8 @@ from specserve.spec_decode.policies.base import Policy, register
 
 @register("threshold")
 class Threshold(Policy):
-    def __init__(self, max_drafts: int, threshold: float = 0.6):
-        super().__init__(max_drafts)
+    def __init__(self, max_drafts: int, models=None, threshold: float = 0.6):
+        super().__init__(max_drafts, models)
         self.threshold = float(threshold)
 
     def plan(self, batch) -> list[int]:
