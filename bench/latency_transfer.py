@@ -9,7 +9,9 @@ and left out, as `fit` leaves them out). `--realised-cv`: each run's arrival CV 
 met (their gaps' CV, from the per-request rows) instead of its process's nominal one (Poisson 1; a trace is
 taken as Poisson): a seeded Poisson realisation of a few dozen arrivals, or a trace window, can be far from it.
 (Records written since 2026-11-29 carry it as `arrival_gap_cv`, which `fit` uses anyway; this reads it from the
-per-request rows of older ones.)
+per-request rows of older ones.) `--drift TRACE`: the mean E2E is averaged over the rate drift fitted from that
+trace (specserve/latency/equations/rate_drift.py) within each run's measured requests, its fast gaps' CV
+the trace's (or, with --realised-cv, the run's).
 
     python bench/latency_transfer.py --fit bench/results/latency21/r{1,2,3}/fixed.jsonl \
         --test bench/results/latency21/trace/fixed.jsonl --markdown bench/results/latency21/transfer.md
@@ -23,7 +25,9 @@ from pathlib import Path
 import numpy as np
 
 from specserve.benchmark.metrics import gap_cv
+from specserve.benchmark.arrival_schedules import load_trace
 from specserve.latency.equations.arrival_regularity import run_cv
+from specserve.latency.equations.rate_drift import RateDrift, fit_rate_drift, over_drift
 from specserve.latency.fitting.crossval import observed_predicted, summarize
 from specserve.latency.fitting.fit import FitOptions, fit_runs
 from specserve.latency.records.requests import rows_by_run
@@ -43,17 +47,27 @@ def realised_cv(runs):
     return [replace(r, arrival_cv=measured_cv(r) or r.arrival_cv) for r in runs]
 
 
-def transfer(fit_paths: list[str], test_paths: list[str], realised: bool = False) -> list[str]:
+def transfer(fit_paths: list[str], test_paths: list[str], realised: bool = False,
+             drift: RateDrift | None = None) -> list[str]:
     """Markdown lines: the per-run table, then MAPE and bias of mean E2E per configuration and overall."""
     arrivals = realised_cv if realised else list
     model = fit_runs(arrivals(load_runs(fit_paths)), FitOptions(cross_validate=False)).model
     kept, excluded = split_saturated(arrivals(load_runs(test_paths)))
+    if drift is not None and not realised:
+        kept = [replace(r, arrival_cv=drift.cv) for r in kept]
     lines = [f"Fitted on {', '.join(fit_paths)}; tested on {', '.join(test_paths)}.", "",
+             *([] if drift is None else [f"Rate drift: fast gaps' CV {drift.cv:.2f}, rate variance v² {drift.variance:.4f}, "
+                                         f"correlation {drift.correlation:.0f} mean gaps.", ""]),
              "| run | k | E | achieved rate (req/s) | arrival CV used | mean E2E measured (s) | predicted (s) | error |",
              "|---|---|---|---|---|---|---|---|"]
     pairs: dict[str, list[dict]] = {}
     for run in sorted(kept, key=lambda r: (r.k, r.achieved_rate)):
         pair = observed_predicted(model, run)
+        if drift is not None:
+            def latency_at(rate, run=run):
+                return model.latency(rate, run.k, run.acceptance_length, run.output_tokens, run.prompt_tokens,
+                                     run.cv, run.lifetimes)
+            pair["e2e"] = (pair["e2e"][0], over_drift(latency_at, run.achieved_rate, drift, run.num_requests))
         observed, predicted = pair["e2e"]
         pairs.setdefault(run.label, []).append({"e2e": pair["e2e"]})
         lines.append(f"| {run.label} | {run.k} | {run.acceptance_length:.2f} | {run.achieved_rate:.3f} | {run.cv:.2f} | "
@@ -72,13 +86,16 @@ def main() -> None:
     p.add_argument("--fit", nargs="+", required=True, help="results JSONL files the model is fitted on")
     p.add_argument("--test", nargs="+", required=True, help="results JSONL files whose runs it predicts")
     p.add_argument("--realised-cv", action="store_true", help="arrival CVs as the measured requests met them")
+    p.add_argument("--drift", metavar="TRACE", help="average over the rate drift of this trace (e.g. azure-conv)")
     p.add_argument("--markdown", type=Path, help="also write the tables to this file")
     args = p.parse_args()
-    text = "\n".join(transfer(args.fit, args.test, args.realised_cv)) + "\n"
+    drift = fit_rate_drift(load_trace(args.drift).times_s) if args.drift else None
+    text = "\n".join(transfer(args.fit, args.test, args.realised_cv, drift)) + "\n"
     print(text)
     if args.markdown:
         args.markdown.write_text(f"Written by `python bench/latency_transfer.py --fit {' '.join(args.fit)} "
-                                 f"--test {' '.join(args.test)}{' --realised-cv' if args.realised_cv else ''} --markdown {args.markdown}`\n\n" + text)
+                                 f"--test {' '.join(args.test)}{' --realised-cv' if args.realised_cv else ''}"
+                                 f"{f' --drift {args.drift}' if args.drift else ''} --markdown {args.markdown}`\n\n" + text)
 
 
 if __name__ == "__main__":

@@ -77,6 +77,8 @@ def register(subparsers) -> None:
     p.add_argument("--prompt-tokens", type=float, help="mean prompt tokens (default: the fitted runs')")
     p.add_argument("--lengths", help="per-request rows (JSONL) or a CSV trace: predict its length classes")
     _arrival_cv(p)
+    p.add_argument("--trace", help="a trace (Azure CSV, Mooncake JSONL, timestamps) whose arrivals' rate drift the "
+                                   "mean E2E is also averaged over, and whose fast gaps' CV it predicts for")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_handler("predict"))
 

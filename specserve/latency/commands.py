@@ -10,6 +10,7 @@ from pathlib import Path
 from specserve.errors import SpecServeError
 from specserve.latency.fitting import model_file
 from specserve.latency.equations.arrival_regularity import check_cv
+from specserve.latency.equations.rate_drift import fit_rate_drift, over_drift
 from specserve.latency.fitting.fit import FitOptions, fit_runs
 from specserve.latency.equations.lengths import length_classes, read_lengths
 from specserve.latency.equations.moe import MoeExperts
@@ -103,8 +104,22 @@ def _acceptance(args, model) -> tuple[float, str]:
     return acceptance_for(model, args.k, args.alpha)
 
 
+def _drift(args: argparse.Namespace, m):
+    """(the model predicting for --trace's fast gaps unless --arrival-cv says otherwise, the trace's drift,
+    its length in requests), or (m, None, None) without --trace."""
+    if not args.trace:
+        return m, None, None
+    from specserve.benchmark.arrival_schedules import load_trace
+
+    times = load_trace(args.trace).times_s
+    drift = fit_rate_drift(times)
+    if args.arrival_cv is None:
+        m = replace(m, e2e=replace(m.e2e, arrival_cv=drift.cv))
+    return m, drift, times.size
+
+
 def predict(args: argparse.Namespace) -> int:
-    m = _model(args)
+    m, drift, horizon = _drift(args, _model(args))
     e, source = _acceptance(args, m)
     pred = m.predict(args.rate, args.k, e, args.output_tokens, args.prompt_tokens)
     dense = m.latency(args.rate, 0, 1.0, args.output_tokens, args.prompt_tokens)
@@ -120,6 +135,12 @@ def predict(args: argparse.Namespace) -> int:
            "break_even_rate": None if be is None else be.rate,
            "break_even_regime": None if be is None else be.regime,
            "unsupported": list(pred.unsupported)}
+    if drift is not None:
+        def over(k: int, expected: float) -> float:
+            return over_drift(lambda r: m.latency(r, k, expected, args.output_tokens, args.prompt_tokens),
+                              args.rate, drift, horizon)
+        out["rate_drift"] = {"arrival_cv": drift.cv, "variance": drift.variance, "correlation_gaps": drift.correlation,
+                             "e2e_s": over(args.k, e), "dense_e2e_s": over(0, 1.0)}
     classes = None
     if args.lengths:
         classes = length_classes(*read_lengths(args.lengths), 4)
@@ -138,6 +159,11 @@ def predict(args: argparse.Namespace) -> int:
     print(f"  C1 {seconds(pred.demands.c1)}, C2 {seconds(pred.demands.c2)}, saturates at {pred.saturation_rate:.3g} req/s")
     print(f"  mean E2E {seconds(pred.e2e)}, TTFT {seconds(pred.ttft)}, TPOT {seconds(pred.tpot)}, "
           f"in flight {pred.in_flight:.3g}")
+    if drift is not None:
+        d = out["rate_drift"]
+        print(f"  over the trace's rate drift (rate x (1 ± {math.sqrt(drift.within(horizon)):.2f}), correlated over "
+              f"{drift.correlation:.0f} requests): mean E2E {seconds(d['e2e_s'])}"
+              + (f", plain decoding {seconds(d['dense_e2e_s'])}" if pred.k > 0 else ""))
     for metric, qs in pred.quantiles.items():
         print(f"  {metric.upper()} " + ", ".join(f"{q} {seconds(v)}" for q, v in qs.items()))
     if pred.k > 0:

@@ -6,7 +6,7 @@ geometric number of drafts with probability α each) and every waiting prompt is
 
     T0 + T_TOK·b·(k+1) + k·(D0 + D_TOK·b)·[b > 0] + PF·Σ prompt tokens prefilled,      b = running requests
 
-Arrivals are Poisson. The first WARM requests are warm-up. The output follows the bench results schema.
+Arrivals are Poisson unless given. The first WARM requests are warm-up. The output follows the bench results schema.
 """
 from __future__ import annotations
 
@@ -27,9 +27,12 @@ def azure_lengths() -> list[tuple[int, int]]:
                 for r in csv.DictReader(f)]
 
 
-def simulate(rate: float, k: int, alpha: float, lengths: list[tuple[int, int]], n: int, rng) -> list[dict]:
-    """Per-request results: arrival, ttft, e2e, prompt and output tokens, accepted drafts."""
-    arrivals = np.cumsum(rng.exponential(1 / rate, n))
+def simulate(rate: float, k: int, alpha: float, lengths: list[tuple[int, int]], n: int, rng,
+             arrivals: np.ndarray | None = None) -> list[dict]:
+    """Per-request results: arrival, ttft, e2e, prompt and output tokens, accepted drafts. `arrivals` (n
+    sorted times, s) replace the Poisson ones at `rate`."""
+    if arrivals is None:
+        arrivals = np.cumsum(rng.exponential(1 / rate, n))
     t, nxt, waiting, running, done = 0.0, 0, [], [], []
     while len(done) < n:
         while nxt < n and arrivals[nxt] <= t:

@@ -187,3 +187,18 @@ def test_arrival_cv_is_fitted_saved_and_overridable(tmp_path, capsys):
     assert main(["latency", "plot", str(out), str(results), "-o", str(tmp_path / "plots")]) == 0
     image = matplotlib.image.imread(tmp_path / "plots" / "collapse.png")
     assert image.shape[0] > 300 and image.std() > 0.05
+
+
+def test_predict_averages_over_a_traces_rate_drift(model_json, tmp_path, capsys):
+    from tests.latency.test_rate_drift import modulated_arrivals
+
+    trace = tmp_path / "drifting.csv"
+    trace.write_text("timestamp\n" + "\n".join(f"{t:.6f}" for t in modulated_arrivals(20_000, 0.8, 0.3, 300.0, 4)))
+    assert main(["latency", "predict", str(model_json), "--rate", "2.0", "--trace", str(trace), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    drift = data["rate_drift"]
+    assert data["arrival_cv"] == drift["arrival_cv"] == pytest.approx(0.8, rel=0.1)
+    assert drift["variance"] == pytest.approx(0.09, rel=0.35)
+    assert drift["e2e_s"] > data["e2e_s"]   # convex in the rate: the busy spells cost more than the quiet save
+    assert main(["latency", "predict", str(model_json), "--rate", "2.0", "--trace", str(trace)]) == 0
+    assert "over the trace's rate drift" in capsys.readouterr().out
