@@ -14,13 +14,14 @@ from pathlib import Path
 import numpy as np
 
 from specserve.latency.equations.acceptance import expected_tokens
-from specserve.latency.equations.arrival_regularity import EQUAL, Lifetimes, busy_on_arrival, company, loaded_latency, seen_on_arrival
+from specserve.latency.equations.arrival_regularity import EQUAL, Lifetimes, busy_on_arrival, company, loaded_latency
 from specserve.latency.equations.formulas import SpecCoefficients
 from specserve.latency.equations.moe import MoeDemands, MoeExperts, moe_latency
 
 TRUE = SpecCoefficients(c1p=0.3, c1v=0.02, c1d=0.004, c2p=0.05, c2v=0.002, c2d=0.002)
-TTFT = {"t1": 0.05, "t1d": 0.012, "tb": 0.015, "tb_d": 0.003, "t2": 0.004, "t2d": 0.002}
+TTFT = {"t1": 0.04, "tw": 0.5, "tc": 1.0}  # phases.py: lone, busy-batch cycles, catch-up collisions
 TPOT = {"s1v": 0.02, "s1d": 0.004, "s2v": 0.002, "s2d": 0.002}
+CATCH_UP = 0.06  # D: a request's first speculative step runs this much longer (seen only in the rows)
 TAILS = {"p95": (1.15, 2.6), "p99": (1.3, 4.0)}  # (a, b): base and load multipliers
 PREFILL_PER_TOKEN = 2e-4
 CONFIGS = (("no-sd", 0, None), ("k1", 1, 0.75), ("k2", 2, 0.75), ("k4", 4, 0.7), ("k6", 6, 0.7))
@@ -71,11 +72,12 @@ def _record(sweep, rng, label, k, alpha, e, rate, scale=1.0, e2e=None, g=None, l
     lone = _latency(sweep, 0.0, k, e, g)
     e2e = e2e or _latency(sweep, rate, k, e, g, lifetimes) * scale
     b, cv = rate * e2e, sweep.arrival_cv
-    ttft_base = TTFT["t1"] + (TTFT["t1d"] if k else 0.0)
-    ttft_load = (busy_on_arrival(b, cv) * (TTFT["tb"] + k * TTFT["tb_d"])
-                 + seen_on_arrival(b, cv) * (TTFT["t2"] + k * TTFT["t2d"]))
-    tpot_base = (TPOT["s1v"] + k * TPOT["s1d"]) / e
-    tpot_load = company(b, cv) * (TPOT["s2v"] + k * TPOT["s2d"]) / e
+    catch_up = CATCH_UP if k and sweep.rows else 0.0  # without rows the fitter cannot measure it
+    cycle = TPOT["s1v"] + k * TPOT["s1d"] + company(b, cv) * (TPOT["s2v"] + k * TPOT["s2d"])
+    ttft_base = TTFT["t1"]
+    ttft_load = TTFT["tw"] * busy_on_arrival(b, cv) * cycle + TTFT["tc"] * rate * catch_up ** 2 / 2
+    tpot_base = (TPOT["s1v"] + k * TPOT["s1d"]) / e + catch_up / (g - 1)
+    tpot_load = company(b, cv) * (TPOT["s2v"] + k * TPOT["s2d"]) / e + catch_up * b / (g - 1)
     # The tails scale the load every request in flight would add (λ·L company), as tails.py models them.
     tail_load = e2e - lone + (TRUE.demands(g, e, k).c2 * (b - company(b, cv, lifetimes)) if sweep.moe is None
                               else 0.0)
@@ -109,13 +111,16 @@ def _output_lengths(sweep, rng, g_mean) -> list[int]:
     return [g_mean + int(rng.integers(-sweep.output_spread, sweep.output_spread + 1)) for _ in range(40)]
 
 
-def _rows(sweep, rng, run_id, ttft_mean, lengths) -> list[dict]:
+def _rows(sweep, rng, run_id, ttft_mean, lengths, k: int) -> list[dict]:
     rows = []
+    gap = TPOT["s1v"] + k * TPOT["s1d"]
+    gaps = [gap + (CATCH_UP if k else 0.0)] + [gap] * 20  # streamed chunks: the first waits for the catch-up
     for i, g in enumerate(lengths):
         p = sweep.prompt_tokens + int(rng.integers(-64, 65))
         ttft = (ttft_mean + PREFILL_PER_TOKEN * (p - sweep.prompt_tokens)) * (1 + sweep.noise * rng.standard_normal())
         rows.append({"run": run_id, "id": i, "measured": True, "prompt_tokens": p, "output_tokens": g,
-                     "ttft_s": ttft, "e2e_s": None, "spec": None, "error": None})
+                     "ttft_s": ttft, "e2e_s": None, "spec": None, "error": None,
+                     "itl_s": gaps})
     return rows
 
 
@@ -145,7 +150,7 @@ def write_sweep(directory: Path, sweep: Sweep | None = None, name: str = "result
                 side = f"requests-{run_id}.jsonl"
                 record["requests_file"] = side
                 (directory / side).write_text("".join(json.dumps(r) + "\n" for r in
-                                                      _rows(sweep, rng, run_id, ttft_mean, lengths)))
+                                                      _rows(sweep, rng, run_id, ttft_mean, lengths, k)))
             lines.append(record)
     if sweep.saturated:
         label, k, alpha = sweep.configs[-1]

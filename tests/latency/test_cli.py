@@ -114,7 +114,7 @@ def test_validate_tables(fitted, sweep_file, tmp_path, capsys):
     console = Console(record=True, width=140)
     render(fitted, console)
     shown = console.export_text()
-    assert "Held-out rates" in shown and "TTFT not predicted" in shown
+    assert "Held-out rates" in shown and "not predicted" not in shown  # TTFT's load rides on the cycle
     md = tmp_path / "v.md"
     assert main(["latency", "validate", str(sweep_file), "--markdown", str(md)]) == 0
     assert md.read_text() == text

@@ -14,7 +14,7 @@ from specserve.latency.decisions.planning import break_even_for, max_rate_within
 from specserve.latency.decisions.report import explain
 from specserve.latency.records.runs import load_runs
 from specserve.latency.records.saturation import split_saturated
-from synthetic import CONFIGS, PREFILL_PER_TOKEN, TAILS, TPOT, TRUE, TTFT, Sweep, write_sweep
+from synthetic import CATCH_UP, CONFIGS, PREFILL_PER_TOKEN, TAILS, TPOT, TRUE, TTFT, Sweep, write_sweep
 
 
 def _rel(a, b):
@@ -40,13 +40,13 @@ def test_recovers_ttft_tpot_and_tail_coefficients(two_length_fit):
     m = two_length_fit.model
     for name, value in TPOT.items():
         assert _rel(m.tpot.coefficients[name], value) < 0.02, (name, m.tpot.coefficients[name], value)
-    # TTFT's busy-batch term (1 − e^−B) and its per-request term move together with load, so at 0.5%
-    # noise they are known to a few percent: check the 95% intervals cover the truth and are tight.
+    # The draft's catch-up is measured from the rows' first inter-token gaps, not fitted.
+    assert _rel(m.draft_catch_up, CATCH_UP) < 0.02
+    # TTFT's catch-up collisions (λ·D²/2, a few tenths of a ms) are small next to its busy-batch cycles,
+    # so at 0.5% noise tc is known to about 10%.
     ttft = m.ttft.coefficients
-    for name, value in TTFT.items():
-        lo, hi = ttft.ci95[name]
-        assert lo <= value <= hi and (hi - lo) / 2 < 0.1 * value, (name, ttft[name], value, lo, hi)
-    assert _rel(ttft["t1"], TTFT["t1"]) < 0.02
+    assert _rel(ttft["t1"], TTFT["t1"]) < 0.02 and _rel(ttft["tw"], TTFT["tw"]) < 0.05
+    assert _rel(ttft["tc"], TTFT["tc"]) < 0.1 and ttft.status("tc") == "resolved"
     for q, (a, b) in TAILS.items():
         tail = m.tails.coefficients["e2e"][q]
         assert _rel(tail["a"], a) < 0.03 and _rel(tail["b"], b) < 0.03
@@ -181,10 +181,12 @@ def test_cross_validation_errors_are_small_on_model_data(fitted):
     assert len(rate["groups"]) == 8 and len(conf["groups"]) == 5
     assert rate["overall"]["e2e"]["mape"] < 1.5 and conf["overall"]["e2e"]["mape"] < 2.0
     assert rate["overall"]["e2e"]["n"] == 40
-    # Without any plain-decoding run the draft prefill cannot be told from the target's: no TTFT there.
+    # TTFT's load rides on the cycle every configuration measures, so plain decoding, held out, is
+    # predicted from the speculative configurations alone.
     dense_row = next(g for g in conf["groups"] if g["held_out"].startswith("no-sd"))
-    assert "ttft" not in dense_row["mape"] and "TTFT" in dense_row["note"]
-    assert "e2e" in dense_row["mape"]
+    assert "note" not in dense_row
+    for target in ("e2e", "ttft", "tpot"):
+        assert dense_row["mape"][target]["mape"] < 2.0, target
 
 
 def test_dense_only_data_cannot_speak_for_speculation(tmp_path):

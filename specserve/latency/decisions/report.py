@@ -198,12 +198,21 @@ def _phases(report: FitReport) -> list[str]:
     t, s = m.ttft.coefficients, m.tpot.coefficients
     tt = lambda name: term(t, [name], t[name])  # noqa: E731
     st = lambda name: term(s, [name], s[name])  # noqa: E731
-    lines = [f"TTFT: {tt('t1')} alone (+{tt('t1d')} draft prefill with SD); once others are "
-             f"decoding, the running step's fixed cost adds up to {tt('tb')} (+{tt('tb_d')} per "
-             f"drafted token), and each request in flight {tt('t2')} (+{tt('t2d')} per drafted token).",
+    if "t1d" in t.values:  # a model file written before TTFT's load rode on the cycle (phases.LEGACY_TTFT)
+        ttft = (f"TTFT: {tt('t1')} alone (+{tt('t1d')} draft prefill with SD); once others are "
+                f"decoding, the running step's fixed cost adds up to {tt('tb')} (+{tt('tb_d')} per "
+                f"drafted token), and each request in flight {tt('t2')} (+{tt('t2d')} per drafted token).")
+    else:
+        ttft = (f"TTFT: {tt('t1')} alone; a busy batch adds {t['tw']:.2f} cycles (the rest of the step in "
+                f"progress and the others' share of the prefill's step); with SD, arrivals during a draft "
+                f"catch-up wait {t['tc']:.2f} x its D/2.")
+    lines = [ttft,
              f"TPOT: a cycle takes {st('s1v')} + {st('s1d')} per drafted token alone; each "
              f"request in flight adds {st('s2v')} + {st('s2d')} per drafted token; divided by "
              "the E tokens a cycle commits."]
+    if m.draft_catch_up is not None:
+        lines.append(f"Draft catch-up: a request's first speculative step takes {seconds(m.draft_catch_up)} "
+                     "longer (the draft's pass over the prompt); TPOT spreads its own and its company's.")
     if m.prefill_per_token is not None:
         lines.append(f"Prefill: {seconds(m.prefill_per_token)} per prompt token.")
     for metric, by_q in m.tails.coefficients.items():

@@ -16,7 +16,7 @@ from specserve.latency.fitting.e2e import fit_e2e, lone_prefill
 from specserve.latency.equations.lengths import LengthClass, length_classes, prefill_slope
 from specserve.latency.fitting.model import Configuration, LatencyModel
 from specserve.latency.equations.moe import MoeExperts
-from specserve.latency.fitting.phases import fit_phase
+from specserve.latency.fitting.phases import Point, fit_phase
 from specserve.latency.records.requests import RequestSample, load_request_samples
 from specserve.latency.records.runs import BenchRun
 from specserve.latency.records.saturation import SaturationRules, split_saturated
@@ -89,18 +89,35 @@ def fit_model(runs: Sequence[BenchRun], moe: MoeExperts | None = None,
     if used:
         classes = length_classes(np.concatenate([s.prompt_tokens for s in used]),
                                  np.concatenate([s.output_tokens for s in used]), n_length_classes)
+    catch_up = draft_catch_up(runs, samples)
+    points = [Point(r.k, r.acceptance_length, r.in_flight, r.achieved_rate, r.output_tokens, r.cv,
+                    catch_up or 0.0) for r in runs]
+    tpot = fit_phase("tpot", runs, points)
+    points = [replace(p, cycle=tpot.cycle(p.k, p.in_flight, p.cv)) for p in points]
     model = LatencyModel(
         e2e=fit_e2e(runs, moe, prefill_prior=prefill_prior, draft_floor=draft_floor),
-        ttft=fit_phase("ttft", runs), tpot=fit_phase("tpot", runs),
+        ttft=fit_phase("ttft", runs, points), tpot=tpot,
         tails=TailModel({}), prompt_tokens=statistics.fmean(r.prompt_tokens for r in runs),
         output_tokens=statistics.fmean(r.output_tokens for r in runs), prefill_per_token=slope,
-        length_classes=classes, configurations=_configurations(runs, moe, notes, per_configuration))
+        length_classes=classes, configurations=_configurations(runs, moe, notes, per_configuration),
+        draft_catch_up=catch_up)
 
     def parts(metric: str, run: BenchRun) -> tuple[float, float]:
         return model.parts(metric, run.achieved_rate, run.k, run.acceptance_length, run.output_tokens,
                            run.prompt_tokens, run.cv, tail=True, lifetimes=run.lifetimes)
 
     return replace(model, tails=fit_tails(runs, parts))
+
+
+def draft_catch_up(runs: Sequence[BenchRun], samples: dict[str, RequestSample]) -> float | None:
+    """D: the mean over the speculative runs' requests of their first inter-token gap less their later
+    ones'. A request's first speculative step runs the draft over its whole prompt, whose KV the draft
+    does not share with the target's prefix cache. None without speculative runs that have such rows."""
+    gaps = [s.first_gap_excess for r in runs if r.k > 0 and (s := samples.get(r.source)) is not None
+            and s.first_gap_excess is not None]
+    gaps = np.concatenate(gaps) if gaps else np.array([])
+    gaps = gaps[np.isfinite(gaps)]
+    return max(float(gaps.mean()), 0.0) if gaps.size else None
 
 
 def fit_runs(runs: Sequence[BenchRun], options: FitOptions | None = None,

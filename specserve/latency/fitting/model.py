@@ -11,7 +11,7 @@ from specserve.latency.fitting.e2e import E2EModel, latency_of
 from specserve.latency.equations.formulas import Demands, check_rate
 from specserve.latency.equations.lengths import LengthClass
 from specserve.latency.equations.moe import MoeDemands, routed_tokens
-from specserve.latency.fitting.phases import PhaseModel
+from specserve.latency.fitting.phases import PhaseModel, Point
 from specserve.latency.fitting.tails import METRICS, QUANTILES, TailModel
 
 
@@ -65,6 +65,15 @@ class LatencyModel:
     prefill_per_token: float | None  # TTFT seconds per prompt token; None if prompts never varied
     length_classes: tuple[LengthClass, ...]
     configurations: tuple[Configuration, ...]
+    draft_catch_up: float | None = None  # D: seconds a request's first speculative step adds (the draft's
+    # pass over the prompt), measured from per-request rows; None without SD runs or rows
+
+    def phase_point(self, rate: float, k: int, expected: float, in_flight: float, g: float | None = None,
+                    cv: float = 1.0) -> Point:
+        """The point TTFT and TPOT are predicted at, TTFT's cycle from the TPOT model."""
+        catch_up = self.draft_catch_up or 0.0
+        g = self.output_tokens if g is None else g
+        return Point(k, expected, in_flight, rate, g, cv, catch_up, self.tpot.cycle(k, in_flight, cv))
 
     def _split(self, k: int, expected: float, g: float, p: float) -> MoeDemands:
         split = self.e2e.split(k, expected, g)
@@ -133,8 +142,8 @@ class LatencyModel:
             return base, e2e - base
         model = self.ttft if metric == "ttft" else self.tpot
         if math.isinf(e2e):
-            return model.parts(k, expected, 0.0)[0], math.inf
-        base, load = model.parts(k, expected, rate * e2e, 1.0 if tail else cv)
+            return model.parts(self.phase_point(0.0, k, expected, 0.0, g))[0], math.inf
+        base, load = model.parts(self.phase_point(rate, k, expected, rate * e2e, g, 1.0 if tail else cv))
         if metric == "ttft" and p is not None:
             base = max(base + (p - self.prompt_tokens) * (self.prefill_per_token or 0.0), 0.0)
         return base, load
@@ -171,7 +180,8 @@ class LatencyModel:
         ok = self.e2e.estimable(k, expected, g)
         if metric == "e2e":
             return ok
-        return ok and (self.ttft if metric == "ttft" else self.tpot).estimable(k, expected)
+        ok = ok and self.tpot.estimable(k, expected)  # TTFT's load term rides on TPOT's cycle
+        return ok and (metric == "tpot" or self.ttft.estimable(k, expected))
 
     def predict_classes(self, rate: float, k: int, expected: float, classes: tuple[LengthClass, ...],
                         cv: float | None = None) -> tuple[Prediction, list[tuple[LengthClass, float, float]]]:

@@ -81,6 +81,7 @@ def to_dict(report: FitReport) -> dict:
         "sources": report.sources,
         "reference": {"prompt_tokens": m.prompt_tokens, "output_tokens": m.output_tokens},
         "prefill_per_token_s": m.prefill_per_token,
+        "draft_catch_up_s": m.draft_catch_up,
         "moe": None if moe is None else {"active": moe.active, "experts": moe.experts},
         "e2e": _e2e(m.e2e),
         "ttft": {**_coefficients(m.ttft.coefficients), "base_space": _space(m.ttft.base_space),
@@ -124,7 +125,9 @@ def from_dict(d: dict) -> FitReport:
                          for metric, by_q in d["tails"].items()}),
         prompt_tokens=float(d["reference"]["prompt_tokens"]), output_tokens=float(d["reference"]["output_tokens"]),
         prefill_per_token=d["prefill_per_token_s"],
-        length_classes=tuple(LengthClass(**c) for c in d["length_classes"]), configurations=configurations)
+        length_classes=tuple(LengthClass(**c) for c in d["length_classes"]), configurations=configurations,
+        # absent from files written before TPOT counted the draft's catch-up: their TPOT had none
+        draft_catch_up=d.get("draft_catch_up_s"))
     return FitReport(model, d["excluded"], d["notes"], d["quality"], d["cross_validation"], d["sources"])
 
 

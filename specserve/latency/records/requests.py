@@ -25,6 +25,9 @@ class RequestSample:
     ttft: np.ndarray
     e2e: np.ndarray  # NaN where a row lacks it
     company: float | None = None  # measured co-residents over the requests' lifetimes (lifetime_company)
+    first_gap_excess: np.ndarray | None = None  # per request: first inter-token gap minus the mean of the
+    # later ones (NaN where a row has fewer than 3 gaps); with SD, the draft's catch-up over the prompt
+
 
     def __len__(self) -> int:
         return len(self.prompt_tokens)
@@ -64,7 +67,15 @@ def _sample(rows: list[dict]) -> RequestSample | None:
                          output_tokens=np.array([r["output_tokens"] for r in good], dtype=float),
                          ttft=np.array([r["ttft_s"] for r in good], dtype=float),
                          e2e=np.array([r.get("e2e_s", np.nan) for r in good], dtype=float),
-                         company=lifetime_company(rows))
+                         company=lifetime_company(rows),
+                         first_gap_excess=np.array([_first_gap_excess(r) for r in good], dtype=float))
+
+
+def _first_gap_excess(row: dict) -> float:
+    gaps = row.get("itl_s")
+    if not isinstance(gaps, list) or len(gaps) < 3:
+        return float("nan")
+    return float(gaps[0] - np.mean(gaps[1:]))
 
 
 def lifetime_company(rows: list[dict]) -> float | None:
