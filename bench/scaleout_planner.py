@@ -10,7 +10,8 @@ against what ray-1x1 and the better 2-replica router measured (medians over the 
 
 Runs past saturation (the saturation rules of `specserve latency fit`) are not fitted on. Also: a lone
 request's speed in the fit runs and in the trace runs (per-request rows), the factors fitted on every load,
-which are written into DIR/model.json (its optional "colocation" part) for `specserve latency plan`.
+which are written into DIR/model.json (its optional "colocation" part) for `specserve latency plan`, and
+DIR/plan-LOAD.txt, the plan for each trace with them.
 
     python bench/scaleout_planner.py [--dir bench/results/scaleout] [--out DIR/planner-check.md]
 """
@@ -27,6 +28,7 @@ import numpy as np
 from specserve.benchmark.arrival_schedules import load_trace
 from specserve.latency.decisions.capacity import Slo, Traffic, per_replica, plan_capacity
 from specserve.latency.decisions.capacity_report import mix_classes
+from specserve.latency.decisions.capacity_report import render as render_plan
 from specserve.latency.fitting import model_file
 from specserve.latency.fitting.colocation import Observation, fit_colocation
 from specserve.latency.records.runs import BenchRun, parse_run
@@ -83,9 +85,10 @@ def lone_speed(folder: Path) -> list[str]:
     return lines
 
 
-def check(folder: Path, write_model: bool = True) -> tuple[list[str], list[dict]]:
-    """The comparison table (markdown lines) and its rows; fits the term on every load and, with
-    `write_model`, saves it into folder/model.json."""
+def check(folder: Path, slo_e2e_s: float | None = None) -> tuple[list[str], list[dict]]:
+    """The comparison table (markdown lines) and its rows; fits the term on every load, saves it into
+    folder/model.json and writes folder/plan-LOAD.txt, the plan with it. SLO: `slo_e2e_s`, else twice a
+    lone request of the trace's mix (bench/scaleout.py's default)."""
     model_path = folder / "model.json"
     model = model_file.load(model_path).model
     traffic = {float(p.stem.removeprefix("trace-")): trace_traffic(p) for p in sorted(folder.glob("trace-*.csv"))}
@@ -103,7 +106,7 @@ def check(folder: Path, write_model: bool = True) -> tuple[list[str], list[dict]
         others = [o for o in usable if o[0] != load]
         colocation = fit_colocation(model, observations(others, traffic))
         lone = per_replica(model, Traffic(t.rate, t.classes, 1.0), 1, 0, 1.0, rate=0.0).e2e
-        slo = Slo(e2e=round(2 * lone, 2))  # bench/scaleout.py's default SLO: twice a lone request
+        slo = Slo(e2e=slo_e2e_s or round(2 * lone, 2))
         variants = {"before": (Traffic(t.rate, t.classes, 1.0), None), "trace_cv": (t, None),
                     "colocation": (t, colocation)}
         row = {"load": load, "rate_rps": t.rate, "arrival_cv": t.cv, "slo_e2e_s": slo.e2e,
@@ -118,8 +121,10 @@ def check(folder: Path, write_model: bool = True) -> tuple[list[str], list[dict]
                          "replicas": plan.dense.replicas if plan.dense else None}
         rows.append(row)
     full = fit_colocation(model, observations(usable, traffic))
-    if write_model:
-        model_file.save_colocation(model_path, full)
+    model_file.save_colocation(model_path, full)
+    for row in rows:
+        plan = plan_capacity(model, traffic[row["load"]], Slo(e2e=row["slo_e2e_s"]), [0], max_replicas=8, colocation=full)
+        (folder / f"plan-{row['load']:g}.txt").write_text(render_plan(plan, row["arrival_cv"]) + "\n")
     return render(rows, full, excluded) + ["", "A lone request (no other in flight) in the fit runs and the trace runs:", ""] \
         + lone_speed(folder), rows
 
