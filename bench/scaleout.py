@@ -46,12 +46,13 @@ from specserve.benchmark.runner import RunOptions, Target, run_once
 from specserve.benchmark.sweep import measure_saturation
 from specserve.benchmark.workload import WorkloadSpec
 from specserve.latency.fitting import model_file
-from specserve.latency.decisions.capacity import Slo, Traffic, per_replica, plan_capacity
-from specserve.latency.decisions.capacity_report import mix_classes, render
 from specserve.latency.fitting.fit import FitOptions, fit_runs
 from specserve.latency.records.runs import load_runs
 from specserve.model.registry import resolve
 from specserve.scaleout.process import ReplicaServer
+
+sys.path.insert(0, str(Path(__file__).parent))
+from scaleout_planner import check as planner_check  # noqa: E402 - bench/scaleout_planner.py, re-run on a folder
 
 # label -> (replicas (None: one process, no Ray), extra `specserve serve` flags, speculation on)
 CONFIGS = {
@@ -162,42 +163,6 @@ def fmt(d: dict, unit: str = "") -> str:
     return f"{d['median']:.3g}{unit} [{d['min']:.3g}-{d['max']:.3g}]" if d["n"] > 1 else f"{d['median']:.3g}{unit}"
 
 
-def planner_check(args, model_json: Path, traces: dict[float, Path], e2e: dict, out: Path) -> tuple[list[str], list[dict]]:
-    """Per trace: the planner's replicas and per-replica mean E2E at 1 and 2 replicas against the medians
-    measured (2 replicas: the better router)."""
-    model = model_file.load(model_json).model
-    lines = ["| load | rate req/s | SLO mean E2E s | predicted 1 / 2 replicas s | measured 1 / 2 replicas s | "
-             "error 1 / 2 | planner replicas | measured replicas |", "|---|---|---|---|---|---|---|---|"]
-    checks = []
-    for load, trace in traces.items():
-        t = load_trace(str(trace))
-        traffic = Traffic(t.mean_rate, mix_classes(t.input_tokens, t.output_tokens), 1.0, f"trace {trace.name}")
-        lone = per_replica(model, traffic, 1, 0, 1.0, rate=0.0).e2e
-        target = args.slo_e2e_ms / 1e3 if args.slo_e2e_ms else round(2 * lone, 2)
-        plan = plan_capacity(model, traffic, Slo(e2e=target), [0], max_replicas=8)
-        (out / f"plan-{load:g}.txt").write_text(render(plan, 1.0) + "\n")
-        predicted = {n: per_replica(model, traffic, n, 0, 1.0).e2e for n in (1, 2)}
-        measured = {1: e2e[("ray-1x1", load)]["median"],
-                    2: min(e2e[(c, load)]["median"] for c in ("ray-2x1-pow2", "ray-2x1-latency"))}
-        meets = [n for n in (1, 2) if measured[n] <= target]
-        error = {n: predicted[n] / measured[n] - 1 if np.isfinite(predicted[n]) else None for n in (1, 2)}
-        planned = plan.dense.replicas if plan.dense else None
-        check = {"load": load, "rate_rps": t.mean_rate, "slo_e2e_s": target, "lone_e2e_s": lone,
-                 "predicted_e2e_s": predicted, "measured_e2e_s": measured, "error": error,
-                 "predicted_replicas": planned, "measured_replicas": meets[0] if meets else ">2",
-                 "beyond_fit": {n: plan.beyond_fit(n, 0) for n in (1, 2)}}
-        checks.append(check)
-
-        def pred(n):
-            return ("saturated" if not np.isfinite(predicted[n]) else f"{predicted[n]:.3g}") + \
-                (" ?" if check["beyond_fit"][n] else "")
-        err = " / ".join("-" if error[n] is None else f"{error[n]:+.0%}" for n in (1, 2))
-        lines.append(f"| {load:g} | {t.mean_rate:.3g} | {target:g} | {pred(1)} / {pred(2)} | {measured[1]:.3g} / "
-                     f"{measured[2]:.3g} | {err} | {planned or '> 8'} | {check['measured_replicas']} |")
-    lines.append("(? : past the fitted runs' highest rate; the planner does not choose such a count.)")
-    return lines, checks
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="smollm2-135m")
@@ -305,7 +270,9 @@ def main() -> int:
         goals.append(f"\nSaturation (burst of {args.saturation_requests} per replica): 1 replica "
                      f"{fmt(spread(saturation['ray-1x1']), ' req/s')}, 2 replicas "
                      f"{fmt(spread(saturation['ray-2x1-pow2']), ' req/s')}; 2 / 1 = {fmt(sat_ratio)}.")
-    planner, checks = (planner_check(args, model_json, traces, e2e, out)
+    # The planner against these runs, its co-location term fitted leave one load out (scaleout_planner.py),
+    # and the term fitted on every load saved into model.json for `specserve latency plan`.
+    planner, checks = (planner_check(out, args.slo_e2e_ms and args.slo_e2e_ms / 1e3)
                        if {"ray-1x1", "ray-2x1-pow2", "ray-2x1-latency"} <= set(configs) else (["(not run)"], []))
     commit = git_commit("?")
     mix = f"{1 - args.long_share:.0%} x {args.short} and {args.long_share:.0%} x {args.long} output tokens"

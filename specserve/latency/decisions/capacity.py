@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from specserve.errors import SpecServeError
 from specserve.latency.equations.formulas import BreakEven
 from specserve.latency.equations.lengths import LengthClass
+from specserve.latency.fitting.colocation import Colocation, scaled, split_cv
 from specserve.latency.fitting.model import LatencyModel, Prediction
 from specserve.latency.decisions.planning import AlphaSpec, break_even_for, candidate_ks
 from specserve.latency.fitting.tails import METRICS, QUANTILES
@@ -81,44 +82,43 @@ def beyond_fit(rate_per_replica: float, fitted_rate: float) -> bool:
     return rate_per_replica > FIT_MARGIN * fitted_rate
 
 
-def split_cv(cv: float, replicas: int) -> float:
-    """Gap CV each of `replicas` sees when a renewal stream of gap CV `cv` is split at random."""
-    return math.sqrt(max(1.0 + (cv * cv - 1.0) / replicas, 0.0))
-
-
 def per_replica(model: LatencyModel, traffic: Traffic, replicas: int, k: int, expected: float,
-                rate: float | None = None) -> Prediction:
-    """What each replica sees at λ/N (or at `rate` per replica), for the traffic's length mix."""
+                rate: float | None = None, colocation: Colocation | None = None) -> Prediction:
+    """What each replica sees at λ/N (or at `rate` per replica), for the traffic's length mix; with a
+    co-location term, as one of `replicas` sharing the machine."""
     lam = traffic.rate / replicas if rate is None else rate
     cv = split_cv(model.arrival_cv if traffic.cv is None else traffic.cv, replicas)
+    if colocation is not None:
+        model = scaled(model, *colocation.factors(replicas))
     if traffic.classes:
         return model.predict_classes(lam, k, expected, traffic.classes, cv)[0]
     return model.predict(lam, k, expected, cv=cv)
 
 
 def replicas_needed(model: LatencyModel, traffic: Traffic, slo: Slo, k: int, expected: float,
-                    max_replicas: int) -> tuple[int | None, Prediction | None]:
+                    max_replicas: int, colocation: Colocation | None = None) -> tuple[int | None, Prediction | None]:
     """The fewest replicas meeting the SLO and what each then sees; (None, None) up to max_replicas."""
-    if not slo.met(per_replica(model, traffic, 1, k, expected, rate=0.0)):
+    if not slo.met(per_replica(model, traffic, 1, k, expected, rate=0.0, colocation=colocation)):
         return None, None  # a lone request already misses it: no number of replicas helps
     for n in range(1, max_replicas + 1):
-        pred = per_replica(model, traffic, n, k, expected)
+        pred = per_replica(model, traffic, n, k, expected, colocation=colocation)
         if math.isfinite(pred.e2e) and slo.met(pred) and not beyond_fit(traffic.rate / n, model.fitted_rate(k)):
             return n, pred
     return None, None
 
 
 def capacity_per_replica(model: LatencyModel, traffic: Traffic, slo: Slo, k: int, expected: float,
-                         replicas: int) -> float:
+                         replicas: int, colocation: Colocation | None = None) -> float:
     """The most requests/s one of `replicas` replicas takes within the SLO (bisection: every metric grows
     with load); 0 when a lone request already misses it."""
     def ok(rate: float) -> bool:
-        pred = per_replica(model, traffic, replicas, k, expected, rate=rate)
+        pred = per_replica(model, traffic, replicas, k, expected, rate=rate, colocation=colocation)
         return math.isfinite(pred.e2e) and slo.met(pred)
 
     if not ok(0.0):
         return 0.0
-    lo, hi = 0.0, model.saturation_rate(k, expected)
+    s2 = colocation.factors(replicas)[1] if colocation is not None else 1.0
+    lo, hi = 0.0, model.saturation_rate(k, expected) / s2
     if not math.isfinite(hi):
         return math.inf
     for _ in range(60):
@@ -146,10 +146,15 @@ class CapacityPlan:
     not_ranked: list[int]
     by_count: list[tuple[int, dict[int, Prediction]]] = field(default_factory=list)  # N -> {k: per replica}
     fitted_rates: dict[int, float] = field(default_factory=dict)  # k -> the fitted runs' highest rate
+    colocation: Colocation | None = None  # None: replicas as independent copies of the fitted one
 
     def beyond_fit(self, replicas: int, k: int) -> bool:
         """Whether `replicas` replicas each take more than the fitted runs of k reached."""
         return beyond_fit(self.traffic.rate / replicas, self.fitted_rates.get(k, math.inf))
+
+    def beyond_measured(self, replicas: int) -> bool:
+        """Whether more replicas than the co-location term measured together share the machine."""
+        return self.colocation is not None and self.colocation.beyond(replicas)
 
     @property
     def best(self) -> Option | None:
@@ -168,7 +173,7 @@ class CapacityPlan:
 
 
 def plan_capacity(model: LatencyModel, traffic: Traffic, slo: Slo, ks: Sequence[int], alpha: AlphaSpec = None,
-                  max_replicas: int = 64) -> CapacityPlan:
+                  max_replicas: int = 64, colocation: Colocation | None = None) -> CapacityPlan:
     if not traffic.rate > 0 or not math.isfinite(traffic.rate):
         raise SpecServeError(f"the traffic's rate must be a positive number of requests/s, got {traffic.rate!r}")
     if max_replicas < 1:
@@ -176,13 +181,15 @@ def plan_capacity(model: LatencyModel, traffic: Traffic, slo: Slo, ks: Sequence[
     expected, not_ranked = candidate_ks(model, ks, alpha)
     options = []
     for k, e in expected.items():
-        n, pred = replicas_needed(model, traffic, slo, k, e, max_replicas)
-        capacity = capacity_per_replica(model, traffic, slo, k, e, n or max_replicas)
+        n, pred = replicas_needed(model, traffic, slo, k, e, max_replicas, colocation)
+        capacity = capacity_per_replica(model, traffic, slo, k, e, n or max_replicas, colocation)
         options.append(Option(k, e, n, pred, capacity, break_even_for(model, k, e) if k > 0 else None))
-    plan = CapacityPlan(traffic, slo, options, not_ranked, fitted_rates={k: model.fitted_rate(k) for k in expected})
+    plan = CapacityPlan(traffic, slo, options, not_ranked, fitted_rates={k: model.fitted_rate(k) for k in expected},
+                        colocation=colocation)
     # The table by replica count: every count up to one past the best answer, and each option's own answer.
     needed = {o.replicas for o in options if o.replicas is not None}
     best = plan.best.replicas if plan.best else min(max_replicas, 8)
     counts = sorted(n for n in set(range(1, best + 2)) | needed if n <= max_replicas)
-    plan.by_count = [(n, {o.k: per_replica(model, traffic, n, o.k, o.expected) for o in options}) for n in counts]
+    plan.by_count = [(n, {o.k: per_replica(model, traffic, n, o.k, o.expected, colocation=colocation)
+                          for o in options}) for n in counts]
     return plan

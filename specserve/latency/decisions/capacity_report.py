@@ -76,12 +76,21 @@ def to_json(plan: CapacityPlan, cv: float) -> dict:
                               "e2e_s_by_k": {k: p.e2e for k, p in preds.items()},
                               "meets_slo_by_k": {k: plan.slo.met(p) if math.isfinite(p.e2e) else False
                                                  for k, p in preds.items()},
-                              "beyond_fit_by_k": {k: plan.beyond_fit(n, k) for k in preds}}
-                             for n, preds in plan.by_count]})
+                              "beyond_fit_by_k": {k: plan.beyond_fit(n, k) for k in preds},
+                              "beyond_measured_replicas": plan.beyond_measured(n)}
+                             for n, preds in plan.by_count],
+        "colocation": None if plan.colocation is None else plan.colocation.to_dict()})
 
 
 def _label(o: Option) -> str:
     return "no SD" if o.k == 0 else f"k={o.k}"
+
+
+def _colocation_text(plan: CapacityPlan) -> str:
+    if plan.colocation is None:
+        return "replicas as independent copies of the fitted one (the model file has no co-location term)"
+    return "co-location: each of N replicas on one machine is the fit with C1 x s1(N), C2 x s2(N): " + ", ".join(
+        f"N={s.replicas} s1 {s.c1:.3g} s2 {s.c2:.3g}" for s in plan.colocation.slowdowns)
 
 
 def render(plan: CapacityPlan, cv: float) -> str:
@@ -91,6 +100,7 @@ def render(plan: CapacityPlan, cv: float) -> str:
     lines = [f"capacity for {t.rate:.3g} req/s ({t.source or 'given rate'}); lengths: {mix}; arrival-gap CV "
              f"{cv:g}", f"SLO: {slo.describe()}; requests spread evenly (random split: an upper bound for the "
              f"power-of-two and latency-aware routers)",
+             _colocation_text(plan),
              f"{'config':>8s} {'E':>5s} {'replicas':>8s} {'req/s each':>10s} {'E2E':>10s} {'TTFT':>10s} "
              f"{'TPOT':>10s} {'capacity/replica':>16s}"]
     for o in plan.options:
@@ -111,18 +121,26 @@ def render(plan: CapacityPlan, cv: float) -> str:
             alt.append("without speculation: " + (f"{dense.replicas}" if dense.replicas else "more than the limit"))
         if sd is not None:
             alt.append(f"with speculation: {sd.replicas} (k={sd.k})")
-        lines.append(f"-> {best.replicas} replica(s) with {_label(best)}" + (f" ({'; '.join(alt)})" if alt else ""))
+        lines.append(f"-> {best.replicas} replica(s) with {_label(best)}" + (f" ({'; '.join(alt)})" if alt else "")
+                     + (f"; ? more replicas than the {plan.colocation.measured} measured together: each assumed "
+                        f"no slower than at {plan.colocation.measured}" if plan.beyond_measured(best.replicas) else ""))
     if plan.by_count:
         ks = [o.k for o in plan.options]
         lines.append("mean E2E per replica count (* meets the SLO; ? past the fitted runs' highest rate, "
-                     "so not chosen):")
+                     "so not chosen" + (f", or more replicas than the {plan.colocation.measured} measured together"
+                                        if plan.colocation else "") + "):")
         lines.append(f"{'replicas':>8s} {'req/s each':>10s} " + " ".join(f"{_label(o):>14s}" for o in plan.options))
         for n, preds in plan.by_count:
             cells = []
             for k in ks:
                 p = preds[k]
                 ok = math.isfinite(p.e2e) and plan.slo.met(p)
-                mark = " ?" if plan.beyond_fit(n, k) else (" *" if ok else "  ")
+                if plan.beyond_fit(n, k):
+                    mark = " ?"
+                elif plan.beyond_measured(n):
+                    mark = "*?" if ok else " ?"
+                else:
+                    mark = " *" if ok else "  "
                 cells.append(f"{(seconds(p.e2e) if math.isfinite(p.e2e) else 'saturated') + mark:>14s}")
             lines.append(f"{n:8d} {t.rate / n:10.3g} " + " ".join(cells))
     for o in plan.options:
@@ -140,10 +158,11 @@ def render(plan: CapacityPlan, cv: float) -> str:
 def capacity_command(args: argparse.Namespace, model, ks: list[int], rates: list[float]) -> int:
     slo = Slo(*(None if v is None else v / 1e3 for v in (args.slo_e2e_ms, args.slo_ttft_ms, args.slo_tpot_ms)),
               stat=args.slo_stat)
+    colocation = model_file.load_colocation(args.model)
     outputs = []
     for rate in rates or [None]:
         traffic = traffic_from_args(args, rate)
-        plan = plan_capacity(model, traffic, slo, ks, args.alpha, args.replicas)
+        plan = plan_capacity(model, traffic, slo, ks, args.alpha, args.replicas, colocation)
         cv = split_cv(model.arrival_cv if traffic.cv is None else traffic.cv, 1)
         outputs.append(to_json(plan, cv) if args.json else render(plan, cv))
     print(json.dumps(outputs if len(outputs) > 1 else outputs[0], indent=1) if args.json else "\n\n".join(outputs))

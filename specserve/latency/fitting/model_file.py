@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from specserve.errors import SpecServeError
+from specserve.latency.fitting.colocation import Colocation
 from specserve.latency.fitting.e2e import E2EModel
 from specserve.latency.fitting.fit import FitReport
 from specserve.latency.equations.lengths import LengthClass
@@ -135,14 +136,34 @@ def save(report: FitReport, path: str | Path) -> None:
     Path(path).write_text(json.dumps(to_dict(report), indent=1) + "\n")
 
 
-def load(path: str | Path) -> FitReport:
+def _read(path: str | Path) -> dict:
     try:
-        data = json.loads(Path(path).read_text())
+        return json.loads(Path(path).read_text())
     except OSError as e:
         raise SpecServeError(f"cannot read model file {path}: {e.strerror}") from None
     except json.JSONDecodeError as e:
         raise SpecServeError(f"{path}: not JSON ({e.msg})") from None
+
+
+def load(path: str | Path) -> FitReport:
+    data = _read(path)
     try:
         return from_dict(data)
     except (KeyError, TypeError, ValueError) as e:
         raise SpecServeError(f"{path}: malformed latency model ({type(e).__name__}: {e})") from None
+
+
+# The co-location term (colocation.py) is an optional part: factors on this fit's C1 and C2, so it lives
+# in the fit's own file; files without it plan replicas as independent copies of the fit.
+def save_colocation(path: str | Path, colocation: Colocation) -> None:
+    data = _read(path)
+    data["colocation"] = finite_json(colocation.to_dict())
+    Path(path).write_text(json.dumps(data, indent=1) + "\n")
+
+
+def load_colocation(path: str | Path) -> Colocation | None:
+    part = _read(path).get("colocation")
+    try:
+        return None if part is None else Colocation.from_dict(part)
+    except (KeyError, TypeError, ValueError) as e:
+        raise SpecServeError(f"{path}: malformed co-location term ({type(e).__name__}: {e})") from None
