@@ -93,6 +93,10 @@ class _ScaledPhase:
         base, load = self.phase.parts(*args, **kwargs)
         return base * self.s1, load * self.s2
 
+    def cycle(self, k: int, in_flight: float, cv: float = 1.0) -> float:
+        lone = self.phase.cycle(k, 0.0, cv)
+        return lone * self.s1 + (self.phase.cycle(k, in_flight, cv) - lone) * self.s2
+
     def estimable(self, *args, **kwargs) -> bool:
         return self.phase.estimable(*args, **kwargs)
 
