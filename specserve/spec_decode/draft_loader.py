@@ -21,12 +21,15 @@ def load_drafts(spec: SpeculativeConfig, target: LoadedModel, config) -> list[Lo
     if spec.method in FREE:
         return []
     from specserve.spec_decode.drafts import resolve_drafts
-    return [load_draft(name, spec, target, config) for name in resolve_drafts(spec.model)]
+    vocab = target.tokenizer.hf.get_vocab()  # a dict of the whole vocabulary: built once, not per draft
+    return [load_draft(name, spec, target, config, vocab) for name in resolve_drafts(spec.model)]
 
 
-def load_draft(name: str, spec: SpeculativeConfig, target: LoadedModel, config) -> LoadedModel:
+def load_draft(name: str, spec: SpeculativeConfig, target: LoadedModel, config, vocab: dict[str, int]
+               ) -> LoadedModel:
+    """vocab: the target's (token -> id), which the draft's must equal."""
     draft = load_model(name, spec.draft_dtype or config.dtype, config.device, spec.quantization)
-    if draft.tokenizer.hf.get_vocab() != target.tokenizer.hf.get_vocab():
+    if draft.tokenizer.hf.get_vocab() != vocab:
         raise SpecServeError(f"draft model {name} has a different tokenizer than the target "
                              f"{config.model}; speculative decoding needs the same vocabulary")
     if spec.method == "eagle" and not draft.config.eagle:
