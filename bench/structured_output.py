@@ -5,7 +5,7 @@ drafts under the adaptive policy, 2 threads), in process so that every step's gr
 
 Prompts: JSONSchemaBench function-call schemas (bench/data/jsonschemabench), each asked for in the chat template
 ("the arguments of a call of <function> as a JSON object following this schema: ..."), constrained as a
-client's response_format json_schema with "strict": true is (objects closed: specserve/structured_output.closed).
+client's response_format json_schema with "strict": true is (objects closed: specserve/structured_output/params.closed).
 1. Validity: --schemas schemas x --samples seeds at temperature 0.8, all submitted at once, json_schema
    structured output: every reply must parse and validate against its schema (the jsonschema library);
    with speculation and without (the same law of replies: the counts differ by sampling noise only).
@@ -90,7 +90,7 @@ def tpot_ms(outs) -> float:
 def validity(llm, rows, samples: int) -> dict:
     import jsonschema
     from specserve import SamplingParams
-    from specserve.structured_output import StructuredOutputsParams, closed
+    from specserve.structured_output.params import StructuredOutputsParams, closed
     ids, params, schemas = [], [], []
     for r, p in zip(rows, prompts(llm, rows)):
         for seed in range(samples):
@@ -113,7 +113,7 @@ def validity(llm, rows, samples: int) -> dict:
 
 def speed(engines: dict, rows, repeats: int) -> list[dict]:
     from specserve import SamplingParams
-    from specserve.structured_output import StructuredOutputsParams, closed
+    from specserve.structured_output.params import StructuredOutputsParams, closed
     records = []
     for rnd in range(repeats):
         for batch in (1, 16):

@@ -14,7 +14,8 @@ LAYERS = [
                     "specserve.device_sync", "specserve.cache", "specserve.console", "specserve.step_types"}),
     # Independent of one another; latency/ is here because spec_decode's planned policy reads its fits.
     ("model and measurement", {"specserve.model", "specserve.latency", "specserve.benchmark"}),
-    ("structured output", {"specserve.structured_output"}),  # grammars the sampler and the proposers obey
+    # What a request asks (params), its compiled grammar, and the step's masks and draft cuts under it
+    ("structured output", {"specserve.structured_output"}),
     ("speculation", {"specserve.spec_decode"}),
     ("engine", {"specserve.engine", "specserve"}),  # the package itself re-exports the engine's LLM
     ("applications", {"specserve.server", "specserve.distill"}),
@@ -129,7 +130,7 @@ def test_type_only_imports_up_the_layers_are_the_known_ones():
 def test_the_check_finds_an_upward_import():
     graph = import_graph(type_checking=False)
     graph["specserve.step_types"].add("specserve.engine.sequence")  # what the step types once did
-    graph["specserve.structured_output"].add("specserve.spec_decode.config")  # and structured output
+    graph["specserve.structured_output.drafts"].add("specserve.spec_decode.config")  # naming the lookup proposers
     assert upward_imports(graph) == [
         "specserve.step_types (foundation) imports specserve.engine.sequence (engine)",
-        "specserve.structured_output (structured output) imports specserve.spec_decode.config (speculation)"]
+        "specserve.structured_output.drafts (structured output) imports specserve.spec_decode.config (speculation)"]

@@ -13,7 +13,8 @@ from specserve.engine.model_runner import ModelRunner
 from specserve.engine.sampler import Sampler, prompt_logprobs
 from specserve.engine.sequence import Sequence
 from specserve.spec_decode.config import FREE
-from specserve.structured_output import apply_logit_bias, cut_drafts, logit_bias
+from specserve.structured_output.drafts import cut_drafts
+from specserve.structured_output.masks import apply_logit_bias, logit_bias
 
 # A hidden-state tap receives, after each step, the target's final hidden state of every position that stays
 # committed. EAGLE drafts read them; `specserve distill` records them as training features.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from specserve.engine.sampling_params import SamplingParams
-from specserve.structured_output import GrammarCompiler
+from specserve.structured_output.grammar import GrammarCompiler
 from specserve.errors import InvalidRequestError
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from specserve.seeding import SEED_MAX, SEED_MIN
-from specserve.structured_output import StructuredOutputsParams
+from specserve.structured_output.params import StructuredOutputsParams
 from specserve.errors import InvalidRequestError
 
 # Temperatures below this sample greedily (vLLM's _SAMPLING_EPS): dividing float32 logits by 1e-40
@@ -46,7 +46,7 @@ class SamplingParams:
     # Prefix caching: only requests with the same salt share cached KV blocks (vLLM's cache_salt), so that
     # one tenant cannot learn from another's time to first token which prompts the cache holds.
     cache_salt: str | None = None
-    # The output must match a JSON schema, regex, choice or grammar (specserve/structured_output.py)
+    # The output must match a JSON schema, regex, choice or grammar (specserve/structured_output/)
     structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self):

@@ -12,14 +12,14 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from specserve.engine.sampling_params import MAX_REPETITION_PENALTY, MAX_TOP_LOGPROBS, SamplingParams
 from specserve.seeding import SEED_MAX, SEED_MIN
-from specserve.structured_output import StructuredOutputsParams, closed
+from specserve.structured_output.params import StructuredOutputsParams, closed
 from specserve.errors import InvalidRequestError
 from specserve.server.errors import APIError
 from specserve.server.tools import Tools
@@ -229,9 +229,14 @@ class _Body(_Open):
         return data
 
 
+class Guided(NamedTuple):
+    """A request's structured output, and the request field that set it (which a 400 for its grammar names)."""
+    field: str
+    params: StructuredOutputsParams
+
+
 class _SamplingRequest(_Body):
     _api = "completions"  # which UNSUPPORTED_FIELDS apply
-    _structured_field: str | None = None  # the field that set the structured output (for error messages)
 
     model: str | None = None          # omitted: the served model
     max_tokens: int | None = None
@@ -302,16 +307,12 @@ class _SamplingRequest(_Body):
             skip_special_tokens=self.skip_special_tokens is not False,
             slo_tpot=None if self.slo_tpot_ms is None else self.slo_tpot_ms / 1000,
             slo_ttft=None if self.slo_ttft_ms is None else self.slo_ttft_ms / 1000, cache_salt=self.cache_salt,
-            structured_outputs=self.structured_output(), prompt_logprobs=self.prompt_logprobs)
+            structured_outputs=guided.params if (guided := self.structured_output()) else None,
+            prompt_logprobs=self.prompt_logprobs)
 
-    @property
-    def structured_field(self) -> str | None:
-        """The field that set the request's structured output (after sampling_params), for error messages."""
-        return self._structured_field
-
-    def structured_output(self) -> StructuredOutputsParams | None:
+    def structured_output(self) -> Guided | None:
         """What the output must match, from whichever of the structured-output fields the request sets (at most
-        one); raises APIError (a 400) naming the field for a malformed one."""
+        one), with that field's name; raises APIError (a 400) naming the field for a malformed one."""
         given = {}
         if (fmt := self.response_format) is not None and fmt.get("type", "text") != "text":
             given["response_format"] = _response_format(fmt)
@@ -338,9 +339,8 @@ class _SamplingRequest(_Body):
         if not given:
             return None
         (name, fields), = given.items()
-        self._structured_field = name
         try:
-            return StructuredOutputsParams(**fields)
+            return Guided(name, StructuredOutputsParams(**fields))
         except (InvalidRequestError, TypeError) as e:
             raise APIError(400, str(e) if isinstance(e, InvalidRequestError) else f"malformed {name}", name) from None
 
@@ -427,7 +427,6 @@ class ChatCompletionRequest(_SamplingRequest):
     continue_final_message: bool | None = False
     add_special_tokens: bool | None = False  # the template writes BOS and the like itself
     chat_template_kwargs: dict[str, Any] | None = None
-    _tools: Tools | None = None
 
     def check_supported(self) -> None:
         super().check_supported()
@@ -438,32 +437,31 @@ class ChatCompletionRequest(_SamplingRequest):
             raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
         check_messages(self.messages, self.add_generation_prompt, self.continue_final_message,
                        self.chat_template_kwargs)
-        self._tools = Tools.from_request(self.tools, self.tool_choice, self.parallel_tool_calls)
+        self.tool_spec  # raises APIError (a 400) for tools the API refuses
 
     @property
     def tool_spec(self) -> Tools | None:
-        """The request's tools and tool choice (after check_supported)."""
-        return self._tools
+        """The request's tools and tool choice; raises APIError (a 400) for what the API refuses."""
+        return Tools.from_request(self.tools, self.tool_choice, self.parallel_tool_calls)
 
     def template_kwargs(self) -> dict:
         """What the chat template gets besides the messages and tools."""
         extra = {"reasoning_effort": self.reasoning_effort} if self.reasoning_effort is not None else {}
         return {**extra, **(self.chat_template_kwargs or {})}
 
-    def structured_output(self) -> StructuredOutputsParams | None:
+    def structured_output(self) -> Guided | None:
         """The request's own structured output, or for tool_choice "required" or a named function the grammar
         of its tool calls (the two cannot be combined)."""
         own = super().structured_output()
-        tools = self._tools
+        tools = self.tool_spec
         guide = tools.guide() if tools is not None else None
         if guide is None:
             return own
         if own is not None:
-            raise APIError(400, f"{self.structured_field} cannot be combined with tool_choice "
+            raise APIError(400, f"{own.field} cannot be combined with tool_choice "
                                 f"{tools.choice!r}: the tool call's arguments follow the function's schema",
                            "tool_choice")
-        self._structured_field = "tools"
-        return guide
+        return Guided("tools", guide)
 
     def to_sampling_params(self, prompt_len: int, max_model_len: int,
                            defaults: SamplingDefaults = SERVER_DEFAULTS) -> SamplingParams:

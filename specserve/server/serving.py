@@ -28,7 +28,7 @@ from specserve.model.chat_template import reads_variable
 from specserve.server.protocol import (SERVER_DEFAULTS, ChatCompletionRequest, ChatMessage, CompletionRequest,
                                        DetokenizeRequest, SamplingDefaults, TokenizeRequest)
 from specserve.server.tools import ToolReply, Tools, template_messages
-from specserve.structured_output import InvalidGrammarError
+from specserve.structured_output.grammar import InvalidGrammarError
 
 
 SHUTDOWN_MESSAGE = "the server shut down before this request finished"
@@ -280,14 +280,14 @@ class Serving:
         return {"prompt": self.engine.tokenizer.decode(req.tokens, skip_special_tokens=False)}
 
     async def _prepare(self, req, prompt, params) -> list[int]:
-        """The engine's checks of the request; a grammar is compiled to check it (up to ~0.1 s for a large
-        schema), off the event loop."""
+        """The engine's checks of the request; a grammar is compiled to check it, off the event loop (a large
+        schema compiles long enough to stall every other request's stream)."""
         if params.structured_outputs is None:
             return self.engine.prepare(prompt, params)
         try:
             return await asyncio.to_thread(self.engine.prepare, prompt, params)
         except InvalidGrammarError as e:
-            raise APIError(400, str(e), req.structured_field) from None
+            raise APIError(400, str(e), req.structured_output().field) from None
 
     async def _run(self, fmt: _Format, req, prompts: list[list[int]], params, raw: Request) -> Response:
         rid = fmt.prefix + uuid.uuid4().hex

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from specserve.server.errors import APIError
 from specserve.server.tool_parsers import NamedParser, RequiredParser, choose_parser
-from specserve.structured_output import StructuredOutputsParams, closed
+from specserve.structured_output.params import StructuredOutputsParams, closed
 
 NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule for function names
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}

@@ -13,7 +13,7 @@ from specserve.model.kernels import argmax_rows
 from specserve.sampling_ops import RowParams, draw, draw_at, penalize_draft, process
 from specserve.spec_decode.choice import DraftChoice
 from specserve.spec_decode.lookup import lookup_proposal
-from specserve.structured_output import DraftGuide
+from specserve.structured_output.drafts import DraftGuide
 
 
 class Drafter:

@@ -221,7 +221,7 @@ def test_structured_output_through_every_field(client, reference):
     """response_format (json_schema, json_object), vLLM's structured_outputs and guided_* fields, streamed and
     not: the speculating server's greedy output is the offline engine's under the same grammar, and valid."""
     import jsonschema
-    from specserve.structured_output import StructuredOutputsParams as Guide
+    from specserve.structured_output.params import StructuredOutputsParams as Guide
     messages = [{"role": "user", "content": "A person as JSON"}]
     prompt = reference.tokenizer.encode_chat(messages)
     cases = [

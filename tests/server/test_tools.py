@@ -8,10 +8,11 @@ import pytest
 
 from specserve.model.tokenizer import Tokenizer
 from specserve.server.errors import APIError
-from specserve.server.protocol import ChatMessage
+from specserve.server.protocol import ChatCompletionRequest, ChatMessage, Guided
 from specserve.server.serving import render_chat
 from specserve.server.tools import CALL_JSON, Tools, hermes_messages
-from specserve.structured_output import GrammarCompiler
+from specserve.structured_output.grammar import GrammarCompiler
+from specserve.structured_output.params import StructuredOutputsParams
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather of a city",
@@ -69,6 +70,21 @@ def test_choices():
     named = Tools.from_request([WEATHER], {"type": "function", "function": {"name": "get_weather"}}, False)
     assert (named.choice, named.name, named.parallel) == ("named", "get_weather", False)
     assert Tools.from_request([WEATHER], "auto", None).guide() is None
+
+
+def test_a_requests_structured_output_names_the_field_that_set_it():
+    """Read from the request as parsed, with no other call first: the field that set the guide (a 400 for its
+    grammar names it), the tool calls' grammar for tool_choice "required", and a 400 for both at once."""
+    messages = [{"role": "user", "content": "hi"}]
+    own = ChatCompletionRequest(messages=messages, response_format={"type": "json_object"})
+    assert own.structured_output() == Guided("response_format", StructuredOutputsParams(json_object=True))
+    tools = ChatCompletionRequest(messages=messages, tools=[WEATHER], tool_choice="required")
+    assert tools.structured_output() == Guided("tools", tools.tool_spec.guide())
+    assert ChatCompletionRequest(messages=messages, tools=[WEATHER]).structured_output() is None  # auto
+    both = ChatCompletionRequest(messages=messages, tools=[WEATHER], tool_choice="required", guided_regex="a+")
+    with pytest.raises(APIError, match="guided_regex cannot be combined") as e:
+        both.structured_output()
+    assert e.value.param == "tool_choice"
 
 
 @pytest.fixture(scope="module")

@@ -1,55 +1,17 @@
-"""Structured output (specserve/structured_output.py): the output matches its schema, regex, choice or grammar, and
-speculation keeps it exactly the constrained target's: greedy token-identical for every method, sampled
-output distributed as the masked target's distribution."""
-import json
+"""The proposers' side (specserve/structured_output/drafts.py): speculation under a grammar keeps the output
+exactly the constrained target's (greedy token-identical for every method, sampled output distributed as the
+masked target's distribution), drafts the grammar forbids are cut before the verify, and a draft model drafts
+within the grammar."""
 import re
 
 import pytest
 import torch
 
 from specserve import LLM, SamplingParams
-from specserve.errors import InvalidRequestError
-from specserve.structured_output import StructuredOutputsParams as Guide
-from specserve.structured_output import words
+from specserve.structured_output.drafts import kept_drafts
+from specserve.structured_output.params import StructuredOutputsParams as Guide
 from tests.spec_decode.test_speculative_engine import METHODS, assert_follows, prompts, spec_config
-
-SCHEMA = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 6}, "b": {"type": "integer"}},
-          "required": ["a", "b"], "additionalProperties": False}
-GUIDES = [Guide(json=json.dumps(SCHEMA)), Guide(regex=r"[a-g]+( [a-g]+)*\."), Guide(choice=("tea", "coffee", "the")),
-          Guide(grammar='start: "x" num ("," num)*\nnum: /[0-9]{1,3}/'), Guide(json_object=True)]
-
-
-def guided(i: int, **kw) -> SamplingParams:
-    return SamplingParams(max_tokens=40, temperature=0, structured_outputs=GUIDES[i % len(GUIDES)], **kw)
-
-
-@pytest.fixture(scope="module")
-def guided_baseline(tiny_target):
-    ps = prompts(25, seed=3)
-    outs = LLM(model=str(tiny_target), dtype="float32").generate(ps, [guided(i) for i in range(len(ps))])
-    return ps, outs
-
-
-def test_greedy_output_matches_its_guide(guided_baseline):
-    _, outs = guided_baseline
-    finished = 0
-    for i, out in enumerate(outs):
-        guide, text = GUIDES[i % len(GUIDES)], out.text
-        if out.finish_reason != "stop":  # cut by max_tokens: a prefix of a match
-            continue
-        finished += 1
-        if guide.json is not None:
-            value = json.loads(text)
-            assert set(value) == {"a", "b"} and isinstance(value["b"], int) and len(value["a"]) <= 6
-        elif guide.json_object:
-            assert isinstance(json.loads(text), dict)
-        elif guide.regex is not None:
-            assert re.fullmatch(guide.regex, text), text
-        elif guide.choice is not None:
-            assert text in guide.choice
-        else:
-            assert re.fullmatch(r"x[0-9]{1,3}(,[0-9]{1,3})*", text), text
-    assert finished >= 10  # most guides end well within 40 tokens, even for a random model
+from tests.structured_output.guide_fixtures import allowed, guided
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -107,7 +69,6 @@ def test_a_cut_draft_keeps_the_output_the_masked_targets(stochastic):
     cut as the engine cuts them (kept_drafts) and verified by the rejection sampler: the committed token follows p.
     (Dropping a stochastic forbidden draft and drawing from p would give 0.86 / 0.14.)"""
     from specserve.spec_decode.rejection_sampler import rejection_sample
-    from specserve.structured_output import kept_drafts
     n = 20000
     gen = torch.Generator().manual_seed(0)
     p = torch.tensor([0.9, 0.1, 0.0])
@@ -121,13 +82,6 @@ def test_a_cut_draft_keeps_the_output_the_masked_targets(stochastic):
                            [torch.Generator().manual_seed(s) for s in range(n)])
     freq = torch.bincount(out[:, 0], minlength=3).float() / n  # the position's token: accepted, recovered or drawn
     assert freq[2] == 0 and freq[0] == pytest.approx(0.9, abs=0.01)
-
-
-def allowed(grammar, vocab: int) -> torch.Tensor:
-    """The grammar's next-token mask as [V] booleans."""
-    row = torch.zeros(words(vocab), dtype=torch.int32)
-    grammar.fill(row)
-    return ((row[:, None] >> torch.arange(32, dtype=torch.int32)) & 1).view(-1)[:vocab].bool()
 
 
 def masked_marginals(llm, prompt, params):
@@ -177,60 +131,3 @@ def test_sampled_speculation_under_a_grammar_follows_the_masked_target(tiny_targ
     assert sum(o.spec["num_draft_tokens"] - o.spec["num_accepted_tokens"] for o in outs) > 500  # and rejected
     assert all(re.fullmatch("[ -~]{2}[a-z]*", o.text) or o.finish_reason == "length" for o in outs)
     assert_follows(outs, p1, p2)
-
-
-@pytest.mark.parametrize("fields,message", [
-    ({}, "exactly one"),
-    ({"regex": "a", "choice": ("a",)}, "exactly one"),
-    ({"choice": ()}, "non-empty"),
-    ({"regex": "[a-"}, "invalid structured output"),
-    ({"json": "{\"type\": 5}"}, "invalid structured output"),
-    ({"grammar": "start: undefined_rule"}, "invalid structured output"),
-])
-def test_bad_guides_are_clear_errors(tiny_target, fields, message):
-    llm = LLM(model=str(tiny_target), dtype="float32")
-    with pytest.raises(InvalidRequestError, match=message):
-        llm.engine.add_request([1, 2, 3], SamplingParams(structured_outputs=Guide(**fields)))
-    assert not llm.engine.has_unfinished()
-
-
-@pytest.mark.parametrize("schema,expected", [
-    ({"type": "string"}, {"type": "string"}),
-    ({"properties": {"a": {"type": "integer"}}},
-     {"properties": {"a": {"type": "integer"}}, "additionalProperties": False}),
-    ({"properties": {}, "additionalProperties": True}, {"properties": {}, "additionalProperties": True}),
-    ({"properties": {"p": {"properties": {"q": {}}}}},
-     {"properties": {"p": {"properties": {"q": {}}, "additionalProperties": False}}, "additionalProperties": False}),
-    ({"type": "array", "items": {"properties": {}}},
-     {"type": "array", "items": {"properties": {}, "additionalProperties": False}}),
-    ({"anyOf": [{"properties": {}}, {"type": "null"}]},
-     {"anyOf": [{"properties": {}, "additionalProperties": False}, {"type": "null"}]}),
-    ({"$defs": {"x": {"properties": {}}}, "$ref": "#/$defs/x"},
-     {"$defs": {"x": {"properties": {}, "additionalProperties": False}}, "$ref": "#/$defs/x"}),
-    ({"properties": {"properties": {"type": "string"}}},  # a property named "properties" is not a schema keyword
-     {"properties": {"properties": {"type": "string"}}, "additionalProperties": False}),
-])
-def test_strict_mode_closes_objects(schema, expected):
-    from specserve.structured_output import closed
-    before = json.dumps(schema)
-    assert closed(schema) == expected
-    assert json.dumps(schema) == before  # the input is not changed
-
-
-def test_a_drafted_end_of_sequence_leaves_the_grammar_usable(tiny_target):
-    """A draft may end the output (EOS) where the grammar is complete; the matcher must not consume it (a
-    complete matcher given EOS enters an error state that no rollback leaves), or every later mask of the
-    request would allow only EOS and its output would stop half-written."""
-    from types import SimpleNamespace
-
-    from specserve.structured_output import logit_bias
-    llm = LLM(model=str(tiny_target), dtype="float32")
-    grammar = llm.engine.inputs.grammars.matcher(Guide(choice=("ab",)))
-    vocab, eos = 260, 259
-    start = allowed(grammar, vocab)
-    request = SimpleNamespace(seq=SimpleNamespace(grammar=grammar))
-    rows, bias = logit_bias([request], {0: [ord("a"), ord("b"), eos]}, [4], vocab, "cpu")
-    assert rows.tolist() == [0, 1, 2, 3, 4]
-    assert bias[3, eos] == 0 and (bias[3] == 0).sum() == 1  # after "ab": only EOS
-    assert not grammar.matcher.is_error() and torch.equal(allowed(grammar, vocab), start)  # rolled back
-    assert grammar.advance([ord("a"), ord("b"), eos, ord("a")]) == 2 and not grammar.matcher.is_error()
