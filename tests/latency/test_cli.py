@@ -8,7 +8,7 @@ from specserve.cli import main
 from specserve.latency.fitting import model_file
 from specserve.latency.fitting.crossval import standard_error, summarize
 from specserve.latency.records.runs import load_runs
-from specserve.latency.fitting.validate import BIAS_COLUMN, GOALS, SE_COLUMN, markdown, render
+from specserve.latency.fitting.validate import BIAS_COLUMN, GOALS, PHASE_GOAL, SE_COLUMNS, markdown, phase_goal_line, render
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +108,8 @@ def test_validate_tables(fitted, sweep_file, tmp_path, capsys):
     assert text.count("| rate #") == 8 and "| k6 (k=6) |" in text
     assert f"goal: mean E2E MAPE <= {GOALS['rate']:g}%: met" in text
     assert f"goal: mean E2E MAPE <= {GOALS['configuration']:g}%: met" in text
-    assert SE_COLUMN in text and BIAS_COLUMN in text
+    assert all(name in text for _, name in SE_COLUMNS) and BIAS_COLUMN in text
+    assert text.count(f"goal: mean TTFT and TPOT MAPE <= {PHASE_GOAL:g}%: TTFT: met") == 2
     from rich.console import Console
 
     console = Console(record=True, width=140)
@@ -127,7 +128,7 @@ def test_validate_piped_prints_whole_tables_and_json(sweep_file, capsys):
     assert "…" not in shown
     header = next(line for line in shown.splitlines() if "held out" in line)
     assert all(name in header for name in ("E2E MAPE", "TTFT MAPE", "TPOT MAPE", "E2E p95 MAPE", "E2E p99 MAPE",
-                                           BIAS_COLUMN, SE_COLUMN))
+                                           BIAS_COLUMN, *(name for _, name in SE_COLUMNS)))
     assert "Held-out configurations (leave one (alpha, k) out)" in shown and "all held-out points" in shown
     assert main(["latency", "validate", str(sweep_file), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
@@ -157,6 +158,16 @@ def test_noise_column_is_each_run_means_standard_error(sweep_file):
     # Where the requests' rows give the spread their lengths do not explain, that replaces the raw one.
     halved = {r.source: 0.15 * r.e2e.mean for r in runs}
     assert standard_error(runs, halved) == pytest.approx(expected / 2)
+    # TTFT and TPOT: each run's own spread (also 0.3 x the mean); the E2E residual spread is not theirs.
+    for metric in ("ttft", "tpot"):
+        assert standard_error(runs, halved, metric) == pytest.approx(expected)
+
+
+def test_phase_goal_line_compares_the_error_with_the_noise():
+    result = {"overall": {"ttft": {"mape": 13.5}, "tpot": {"mape": 5.3}}, "se": {"ttft": 10.9, "tpot": 5.7}}
+    line = phase_goal_line(result)
+    assert "TTFT: MISSED (13.50%; noise alone gives a perfect model 8.70%, above the goal" in line
+    assert "TPOT: met (5.30%; noise alone gives a perfect model 4.55%, within the goal)" in line
 
 
 def test_arrival_cv_is_fitted_saved_and_overridable(tmp_path, capsys):

@@ -50,16 +50,22 @@ def summarize(pairs: Sequence[dict[str, tuple[float, float]]]) -> dict[str, dict
                 "n": len(errors[t])} for t in TARGETS if errors[t]}
 
 
-def standard_error(runs: Sequence[BenchRun], noise_std: Mapping[str, float] | None = None) -> float | None:
-    """Mean over runs of the standard error of the run's measured mean E2E, in percent of it (within-run
-    spread / sqrt(requests)): how far a perfect model's prediction would miss from sampling noise alone
-    (a floor: drift of the machine between runs comes on top). The spread is `noise_std[run.source]`
-    where given (the part the requests' own lengths do not explain: RequestSample.e2e_noise_std), else
-    the run's E2E std. None when no run reports its spread."""
-    noise_std = noise_std or {}
-    errors = [noise_std.get(r.source, r.e2e.std) / math.sqrt(r.num_completed) / r.e2e.mean * 100.0
-              for r in runs if r.e2e.std is not None and r.num_completed > 1]
+def standard_error(runs: Sequence[BenchRun], noise_std: Mapping[str, float] | None = None,
+                   metric: str = "e2e") -> float | None:
+    """Mean over runs of the standard error of the run's measured mean `metric`, in percent of it
+    (within-run spread / sqrt(requests)): how far a perfect model's prediction would miss from sampling
+    noise alone (a floor: drift of the machine between runs comes on top). For E2E the spread is
+    `noise_std[run.source]` where given (the part the requests' own lengths do not explain:
+    RequestSample.e2e_noise_std), else the run's std. None when no run reports its spread."""
+    noise_std = noise_std if metric == "e2e" and noise_std else {}
+    errors = [noise_std.get(r.source, stats.std) / math.sqrt(r.num_completed) / stats.mean * 100.0
+              for r in runs if (stats := getattr(r, metric)).std is not None and r.num_completed > 1]
     return sum(errors) / len(errors) if errors else None
+
+
+def noise(runs: Sequence[BenchRun], noise_std: Mapping[str, float] | None = None) -> dict[str, float | None]:
+    """{metric: standard_error} for the mean metrics."""
+    return {metric: standard_error(runs, noise_std, metric) for metric in METRICS}
 
 
 def rate_ranks(runs: Sequence[BenchRun]) -> list[int]:
@@ -138,7 +144,7 @@ def cross_validate(runs: Sequence[BenchRun], by: str, fit: Callable[[list[BenchR
         held = set(idx)
         train = [r for i, r in enumerate(runs) if i not in held]
         row: dict = {"held_out": description, "n": len(idx), "mape": {},
-                     "e2e_se": standard_error([runs[i] for i in idx], noise_std)}
+                     "se": noise([runs[i] for i in idx], noise_std)}
         try:
             model = fit(train)
         except SpecServeError as e:
@@ -159,5 +165,5 @@ def cross_validate(runs: Sequence[BenchRun], by: str, fit: Callable[[list[BenchR
         row["repeats"] = repeats(points)
         all_pairs += pairs
         groups.append(row)
-    return {"by": by, "groups": groups, "overall": summarize(all_pairs), "e2e_se": standard_error(runs, noise_std),
+    return {"by": by, "groups": groups, "overall": summarize(all_pairs), "se": noise(runs, noise_std),
             "repeats": repeats(all_points)}

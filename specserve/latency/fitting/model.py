@@ -140,11 +140,17 @@ class LatencyModel:
                 c2 = self.demands(k, expected, g, p, rate, cv, mix).c2
                 return base, e2e - base + c2 * (b - float(company(b, cv, mix)))
             return base, e2e - base
-        model = self.ttft if metric == "ttft" else self.tpot
+        if metric == "tpot":
+            # TPOT is the time after the first token per later token, (E2E − TTFT)/(g − 1) for each request,
+            # so the mean follows from the other two (exactly when g is one length): one model, three views.
+            later = max((self.output_tokens if g is None else g) - 1.0, 1.0)
+            (e_base, e_load), (t_base, t_load) = (self.parts(m, rate, k, expected, g, p, cv, tail, mix)
+                                                  for m in ("e2e", "ttft"))
+            return max(e_base - t_base, 0.0) / later, (e_load - t_load) / later
         if math.isinf(e2e):
-            return model.parts(self.phase_point(0.0, k, expected, 0.0, g))[0], math.inf
-        base, load = model.parts(self.phase_point(rate, k, expected, rate * e2e, g, 1.0 if tail else cv))
-        if metric == "ttft" and p is not None:
+            return self.ttft.parts(self.phase_point(0.0, k, expected, 0.0, g))[0], math.inf
+        base, load = self.ttft.parts(self.phase_point(rate, k, expected, rate * e2e, g, 1.0 if tail else cv))
+        if p is not None:
             base = max(base + (p - self.prompt_tokens) * (self.prefill_per_token or 0.0), 0.0)
         return base, load
 
@@ -180,8 +186,8 @@ class LatencyModel:
         ok = self.e2e.estimable(k, expected, g)
         if metric == "e2e":
             return ok
-        ok = ok and self.tpot.estimable(k, expected)  # TTFT's load term rides on TPOT's cycle
-        return ok and (metric == "tpot" or self.ttft.estimable(k, expected))
+        # TTFT's load term rides on the cycle model's cycle; TPOT is E2E's time after TTFT
+        return ok and self.tpot.estimable(k, expected) and self.ttft.estimable(k, expected)
 
     def predict_classes(self, rate: float, k: int, expected: float, classes: tuple[LengthClass, ...],
                         cv: float | None = None) -> tuple[Prediction, list[tuple[LengthClass, float, float]]]:

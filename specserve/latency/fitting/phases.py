@@ -20,6 +20,10 @@ per-request rows as the first inter-token gap minus the later ones (fit.py).
         load follows from its cycle, which every run measures; tc: with SD the step in progress is a
         catch-up of length D for a fraction λ·D of the time, where an arrival waits D/2 more (tc ≈ 1).
 
+The mean TPOT a model predicts is not this one but (E2E − TTFT)/(g − 1) (model.py): the TPOT model is the
+cycle TTFT's wait term reads, and from speculative runs alone it cannot tell plain decoding's cycle from a
+speculative cycle with no drafts (docs/latency.md).
+
 B(λ) = λ·L(λ) comes from the E2E model (Little's law), so all three metrics share one notion of load;
 P_busy and company turn it into what a request meets under the runs' arrival regularity (arrivals.py).
 The coefficients are fitted by non-negative least squares of the measured means on the measured

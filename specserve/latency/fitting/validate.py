@@ -16,9 +16,14 @@ GOALS = {"rate": 5.0, "configuration": 8.0, "k": 8.0}
 TITLES = {"rate": "Held-out rates (leave one rate out)",
           "configuration": "Held-out configurations (leave one (alpha, k) out)",
           "k": "Held-out k (every configuration with that k left out)"}
-# The measurement's own noise beside the model's error: the held-out runs' standard error of mean E2E
-# (from the spread their requests' own output lengths do not explain, where per-request rows exist).
-SE_COLUMN = "E2E noise (SE)"
+# Mean TTFT and TPOT MAPE goal (issue 81), held-out rates and configurations alike.
+PHASE_GOAL = 8.0
+# The measurement's own noise beside the model's error: the held-out runs' standard error of each mean
+# (for E2E from the spread their requests' own output lengths do not explain, where per-request rows exist).
+SE_COLUMNS = (("e2e", "E2E noise (SE)"), ("ttft", "TTFT noise (SE)"), ("tpot", "TPOT noise (SE)"))
+# A perfect model's expected absolute error when the measured mean scatters normally with standard error
+# SE: SE·sqrt(2/π). Where it exceeds a goal, the runs cannot show the goal met.
+NOISE_MAPE = math.sqrt(2 / math.pi)
 # The mean signed E2E error (crossval.summarize): near the MAPE in size, the model misses one way.
 BIAS_COLUMN = "E2E bias"
 # With several results files of one sweep design: the error at each design point's average over the
@@ -60,7 +65,8 @@ def _repeat_cells(row: dict) -> list[str]:
 
 
 def header(result: dict) -> list[str]:
-    return (["held out", "runs"] + [name + " MAPE" for _, name in COLUMNS] + [BIAS_COLUMN, SE_COLUMN]
+    return (["held out", "runs"] + [name + " MAPE" for _, name in COLUMNS] + [BIAS_COLUMN]
+            + [name for _, name in SE_COLUMNS]
             + (list(REPEAT_COLUMNS) if result.get("repeats") else []))
 
 
@@ -68,11 +74,16 @@ def rows(result: dict) -> list[list[str]]:
     """Table rows: one per held-out group, then the overall row."""
     extra = _repeat_cells if result.get("repeats") else (lambda row: [])
     out = [[g["held_out"], str(g["n"])] + [_cell(g["mape"], key) for key, _ in COLUMNS]
-           + [_signed(g["mape"]), _percent(g.get("e2e_se"))] + extra(g) for g in result["groups"]]
+           + [_signed(g["mape"])] + _noise_cells(g) + extra(g) for g in result["groups"]]
     n = sum(g["n"] for g in result["groups"])
     out.append(["all held-out points", str(n)] + [_cell(result["overall"], key) for key, _ in COLUMNS]
-               + [_signed(result["overall"]), _percent(result.get("e2e_se"))] + extra(result))
+               + [_signed(result["overall"])] + _noise_cells(result) + extra(result))
     return out
+
+
+def _noise_cells(row: dict) -> list[str]:
+    se = row.get("se") or {}
+    return [_percent(se.get(metric)) for metric, _ in SE_COLUMNS]
 
 
 def goal_line(by: str, result: dict) -> str:
@@ -89,6 +100,23 @@ def goal_line(by: str, result: dict) -> str:
     return line
 
 
+def phase_goal_line(result: dict) -> str:
+    """TTFT's and TPOT's goal, each beside the MAPE the runs' own noise would leave a perfect model."""
+    parts = []
+    for metric, name in (("ttft", "TTFT"), ("tpot", "TPOT")):
+        value, se = result["overall"].get(metric, {}).get("mape"), (result.get("se") or {}).get(metric)
+        if value is None:
+            parts.append(f"{name}: not measurable")
+            continue
+        text = f"{name}: {'met' if value <= PHASE_GOAL else 'MISSED'} ({value:.2f}%"
+        if se is not None:
+            floor = se * NOISE_MAPE
+            text += (f"; noise alone gives a perfect model {floor:.2f}%, "
+                     + ("above the goal: the runs cannot show it met" if floor > PHASE_GOAL else "within the goal"))
+        parts.append(text + ")")
+    return f"goal: mean TTFT and TPOT MAPE <= {PHASE_GOAL:g}%: " + "; ".join(parts)
+
+
 def markdown(report: FitReport) -> str:
     """The tables as Markdown, for a document (e.g. bench/results/*/validate.md)."""
     parts = []
@@ -96,7 +124,7 @@ def markdown(report: FitReport) -> str:
         names = header(result)
         parts += [f"**{TITLES[by]}**", "", "| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
         parts += ["| " + " | ".join(r) + " |" for r in rows(result)]
-        parts += ["", goal_line(by, result), ""]
+        parts += ["", goal_line(by, result)] + ([phase_goal_line(result)] if by != "k" else []) + [""]
     return "\n".join(parts)
 
 
@@ -117,6 +145,8 @@ def render(report: FitReport, out=None) -> None:
             table.add_row(*row, end_section=i == len(body) - 2)
         out.print(table)
         out.print(goal_line(by, result))
+        if by != "k":
+            out.print(phase_goal_line(result))
         for g in result["groups"]:
             if g.get("note"):
                 out.print(f"  {g['held_out']}: {g['note']}")
