@@ -84,7 +84,8 @@ class Colocation:
 
 @dataclass(frozen=True, slots=True)
 class _ScaledPhase:
-    """A TTFT or TPOT model whose lone-request part is scaled by s1 and load part by s2."""
+    """A TTFT model whose lone-request part is scaled by s1 and load part by s2, and a TPOT model whose
+    cycle is (TTFT reads it)."""
     phase: object
     s1: float
     s2: float

@@ -46,7 +46,6 @@ from specserve.latency.records.runs import BenchRun
 
 NAMES = {"ttft": ("t1", "tw", "tc"), "tpot": ("s1v", "s1d", "s2v", "s2d")}
 LEGACY_TTFT = ("t1", "t1d", "tb", "tb_d", "t2", "t2d")
-N_BASE = {"ttft": 1, "tpot": 2}
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,15 +109,11 @@ class PhaseModel:
         return tuple(self.coefficients.values)
 
     def parts(self, p: Point) -> tuple[float, float]:
-        """(load-independent seconds, seconds added by the B requests in flight)."""
+        """TTFT model only: (load-independent seconds, seconds added by the B requests in flight). The TPOT
+        model gives TTFT its cycle; TPOT itself is predicted as (E2E − TTFT)/(g − 1) (LatencyModel.parts)."""
         x = features(self.names, p) * self.coefficients.vector(self.names)
-        split = 2 if self.names == LEGACY_TTFT else N_BASE[self.metric]
-        base, load = float(x[:split].sum()), float(x[split:].sum())
-        if self.metric == "tpot":
-            fixed = catch_up_per_token(p)
-            lone = catch_up_per_token(Point(p.k, p.expected, 0.0, 0.0, p.output_tokens, p.cv, p.catch_up))
-            return base + lone, load + fixed - lone
-        return base, load
+        split = 2 if self.names == LEGACY_TTFT else 1
+        return float(x[:split].sum()), float(x[split:].sum())
 
     def cycle(self, k: int, in_flight: float, cv: float = 1.0) -> float:
         """TPOT model only: seconds one cycle of a request takes at load B (its E tokens' worth)."""
