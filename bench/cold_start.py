@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import platform
 import shlex
 import statistics
 import subprocess
@@ -23,6 +22,8 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+
+from specserve.benchmark.machine import cpu_name
 
 RESULTS = Path(__file__).parent / "results" / "cold_start"
 
@@ -68,7 +69,7 @@ def main() -> None:
             times[tree].append(ready_seconds(tree, args.port + n, extra, logs[tree]))
     lines = [f"`python bench/cold_start.py --trees {args.trees} --repeats {args.repeats}"
              + (f" --args {shlex.quote(args.args)}" if args.args else "") + "`",
-             f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; warm caches; "
+             f"machine: {cpu_name()}, {os.cpu_count()} cores; warm caches; "
              "trees interleaved round by round", "",
              "| tree | seconds to /health (each run) | median |", "|---|---|---|"]
     for tree in trees:

@@ -51,13 +51,17 @@ def add_engine_args(p: argparse.ArgumentParser, max_num_batched_tokens: int,
                         "admitted by deadline) (default: none)")
 
 
+def engine_config_kwargs(args) -> dict:
+    """EngineConfig's arguments from the flags, not yet resolved: resolving "auto" (the device, the
+    quantization) imports torch, which a caller may want to leave to the engine process."""
+    return dict(model=args.model, dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs,
+                max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
+                block_size=args.block_size, kv_cache_memory=args.kv_cache_memory, num_kv_blocks=args.num_kv_blocks,
+                num_threads=args.num_threads, seed=args.seed, speculative_config=args.speculative_config,
+                slo_tpot_ms=args.slo_tpot_ms, slo_ttft_ms=args.slo_ttft_ms, quantization=args.quantization,
+                enforce_eager=args.enforce_eager, enable_prefix_caching=args.enable_prefix_caching)
+
+
 def engine_config_from_args(args):
     from specserve.engine.config import EngineConfig
-    return EngineConfig(model=args.model, dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs,
-                        max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
-                        block_size=args.block_size, kv_cache_memory=args.kv_cache_memory,
-                        num_kv_blocks=args.num_kv_blocks,
-                        num_threads=args.num_threads, seed=args.seed,
-                        speculative_config=args.speculative_config, slo_tpot_ms=args.slo_tpot_ms,
-                        slo_ttft_ms=args.slo_ttft_ms, quantization=args.quantization,
-                        enforce_eager=args.enforce_eager, enable_prefix_caching=args.enable_prefix_caching)
+    return EngineConfig(**engine_config_kwargs(args))

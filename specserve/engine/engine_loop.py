@@ -145,6 +145,9 @@ def run_engine_process(config, commands, messages) -> None:
     start = time.perf_counter()
     try:
         from specserve.engine.llm_engine import LLMEngine
+        if isinstance(config, dict):  # EngineConfig's arguments, resolved here (start_engine_process)
+            from specserve.engine.config import EngineConfig
+            config = EngineConfig(**config)
         imported = time.perf_counter()
         engine = LLMEngine(config)
     except BaseException as e:
@@ -156,7 +159,9 @@ def run_engine_process(config, commands, messages) -> None:
 
 
 def start_engine_process(config):
-    """(process, commands queue, messages queue) of a new engine process (spawned: no fork of torch state)."""
+    """(process, commands queue, messages queue) of a new engine process (spawned: no fork of torch state).
+    `config`: an EngineConfig, or its arguments (a dict), which the process resolves itself: then the caller
+    need not import torch before the process starts."""
     ctx = multiprocessing.get_context("spawn")
     commands, messages = ctx.Queue(), ctx.Queue()
     process = ctx.Process(target=run_engine_process, args=(config, commands, messages), name="specserve-engine",

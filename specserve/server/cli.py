@@ -107,15 +107,16 @@ def _serve(args) -> int:
     sock = launch.bind(args.host, args.port)  # a taken port fails now, not after loading the model
     started = None
     try:
-        from specserve.engine.args import engine_config_from_args
+        from specserve.engine.args import engine_config_kwargs
         from specserve.engine.engine_loop import start_engine_process
 
         args.speculative_config, why = speculative_choice(args.speculative_config, args.model)
         log.info(why)
-        config = engine_config_from_args(args)
-        # The engine process imports torch and loads the model while this one imports the server: the two
-        # startups overlap instead of adding up (docs/design.md §5.1).
-        started = None if args.engine_thread else start_engine_process(config)
+        # The engine process imports torch and loads the model while this one imports the server and checks
+        # the same configuration: the two startups overlap instead of adding up (docs/design.md §5.1).
+        started = None if args.engine_thread else start_engine_process(engine_config_kwargs(args))
+        from specserve.engine.config import EngineConfig
+        config = EngineConfig(**engine_config_kwargs(args))  # a bad flag fails here (and stops that process)
         from specserve.engine.async_engine import AsyncLLMEngine
         from specserve.server.app import build_app
         from specserve.server.generation_config import resolve
