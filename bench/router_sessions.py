@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -109,7 +110,6 @@ def main() -> int:
     p.add_argument("--note", default="idle machine")
     p.add_argument("--out", default="bench/results/router_sessions/latest")
     args = p.parse_args()
-    import sys
     args.argv = sys.argv[1:]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

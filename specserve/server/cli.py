@@ -114,9 +114,10 @@ def _serve(args) -> int:
         log.info(why)
         # The engine process imports torch and loads the model while this one imports the server and checks
         # the same configuration: the two startups overlap instead of adding up (docs/design.md §5.1).
-        started = None if args.engine_thread else start_engine_process(engine_config_kwargs(args))
+        flags = engine_config_kwargs(args)
+        started = None if args.engine_thread else start_engine_process(flags)
         from specserve.engine.config import EngineConfig
-        config = EngineConfig(**engine_config_kwargs(args))  # a bad flag fails here (and stops that process)
+        config = EngineConfig(**flags)  # a bad flag fails here (and stops that process)
         from specserve.engine.async_engine import AsyncLLMEngine
         from specserve.server.app import build_app
         from specserve.server.generation_config import resolve
