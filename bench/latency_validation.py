@@ -68,6 +68,9 @@ def main() -> None:
                    help="with --interleave: N lone no-SD requests before and after every run (machine speed)")
     p.add_argument("--port", type=int, default=8123, help="the first configuration's port; the next ones count up")
     p.add_argument("--max-model-len", type=int, default=1024)
+    # A repeat with its own seed draws its own arrival schedule: repeats of one seed replay the same
+    # collisions between prefills, so their TTFTs agree with each other and not with the model.
+    p.add_argument("--seed", type=int, default=0, help="arrival schedule seed (give each repeat its own)")
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -92,6 +95,7 @@ def main() -> None:
                   "--per-config-saturation", "--max-requests", str(args.requests_per_run),
                   "--duration", str(args.duration),
                   "--discard-first", str(args.discard_first), "--burstiness", str(args.burstiness),
+                  "--seed", str(args.seed),
                   "--tokenizer", tokenizer, "--no-progress",
                   "--results", str(results), "--log-dir", str(out / "server_logs"), *lengths,
                   *(["--interleave"] if args.interleave else []), "--probe", str(args.probe))

@@ -35,6 +35,9 @@ def _fit_options(p: argparse.ArgumentParser) -> None:
                    help="fit c2p freely instead of drawing it towards a lone request's TTFT")
     p.add_argument("--no-draft-floor", action="store_true",
                    help="fit c2d freely instead of at least c2v (a drafted token's load at least a verify cycle's)")
+    p.add_argument("--slots", type=int, metavar="N",
+                   help="the server runs at most N requests at once and queues the rest (llama-server's -np, "
+                        "a --max-num-seqs the load reaches); default: no cap")
     p.add_argument("--assume-poisson", action="store_true",
                    help="take every run's arrivals as Poisson (load = rate*L, docs/design.md §2.1) even where the "
                         "records state a more regular or burstier process")

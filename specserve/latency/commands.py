@@ -14,6 +14,7 @@ from specserve.latency.equations.rate_drift import fit_rate_drift, over_drift
 from specserve.latency.fitting.fit import FitOptions, fit_runs
 from specserve.latency.equations.lengths import length_classes, read_lengths
 from specserve.latency.equations.moe import MoeExperts
+from specserve.latency.equations.slots import check_slots
 from specserve.latency.decisions.planning import (acceptance_for, break_even_for, candidate_ks, coefficient_draws,
                                        max_rate_within, measured_ks, outside_measured, plan)
 from specserve.latency.decisions.report import coefficient_band, explain as explain_text, percent, seconds
@@ -55,7 +56,7 @@ def _options(args: argparse.Namespace, cross_validate: bool) -> FitOptions:
         moe = MoeExperts(int(active), int(experts))
     rules = SaturationRules(rate_tolerance=args.rate_tolerance, growth_tolerance=args.growth_tolerance)
     return FitOptions(moe, rules, args.length_classes, cross_validate, not args.no_prefill_prior,
-                      not args.no_draft_floor, not args.assume_poisson)
+                      not args.no_draft_floor, not args.assume_poisson, check_slots(args.slots))
 
 
 def _model(args: argparse.Namespace):

@@ -17,6 +17,7 @@ from specserve.latency.equations.acceptance import expected_tokens
 from specserve.latency.equations.arrival_regularity import EQUAL, Lifetimes, busy_on_arrival, company, loaded_latency
 from specserve.latency.equations.formulas import SpecCoefficients
 from specserve.latency.equations.moe import MoeDemands, MoeExperts, moe_latency
+from specserve.latency.equations.slots import slot_delay, slot_saturation
 
 TRUE = SpecCoefficients(c1p=0.3, c1v=0.02, c1d=0.004, c2p=0.05, c2v=0.002, c2d=0.002)
 TTFT = {"t1": 0.04, "tw": 0.5, "tc": 1.0}  # phases.py: lone, busy-batch cycles, catch-up collisions
@@ -44,13 +45,22 @@ class Sweep:
     moe: MoeExperts | None = None
     moe_split: dict = field(default_factory=lambda: {"share": 0.6})  # fraction of each demand that is φ-scaled
     arrival_cv: float = 1.0  # CV of the arrival gaps (1 = Poisson; else Gamma, recorded as bench does)
+    slots: int | None = None  # the server runs at most this many requests at once, the rest wait (slots.py)
     seed: int = 0
+
+
+def _slot_wait(sweep: Sweep, rate: float, k: int, e: float, g: float, lifetimes: Lifetimes = EQUAL) -> tuple:
+    """(latency the slot cap adds, mean wait for a slot)."""
+    d = TRUE.demands(g, e, k)
+    uncapped = float(loaded_latency(d.c1, d.c2, rate, sweep.arrival_cv, lifetimes))
+    return slot_delay(uncapped, d.c1, d.c2, rate, sweep.slots, sweep.arrival_cv, lifetimes.cv)
 
 
 def _latency(sweep: Sweep, rate: float, k: int, e: float, g: float, lifetimes: Lifetimes = EQUAL) -> float:
     d = TRUE.demands(g, e, k)
     if sweep.moe is None:
-        return float(loaded_latency(d.c1, d.c2, rate, sweep.arrival_cv, lifetimes))
+        return (float(loaded_latency(d.c1, d.c2, rate, sweep.arrival_cv, lifetimes))
+                + _slot_wait(sweep, rate, k, e, g, lifetimes)[0])
     s = sweep.moe_split["share"]
     return moe_latency(rate, MoeDemands(d.c1 * (1 - s), d.c1 * s, d.c2 * (1 - s), d.c2 * s), sweep.moe, k + 1,
                        sweep.arrival_cv, lifetimes)
@@ -71,16 +81,17 @@ def _record(sweep, rng, label, k, alpha, e, rate, scale=1.0, e2e=None, g=None, l
     noise = lambda: 1 + sweep.noise * rng.standard_normal()  # noqa: E731
     lone = _latency(sweep, 0.0, k, e, g)
     e2e = e2e or _latency(sweep, rate, k, e, g, lifetimes) * scale
-    b, cv = rate * e2e, sweep.arrival_cv
+    wait = _slot_wait(sweep, rate, k, e, g, lifetimes)[1]
+    b, cv = rate * (e2e - wait), sweep.arrival_cv  # those waiting for a slot are not in the batch
     catch_up = CATCH_UP if k and sweep.rows else 0.0  # without rows the fitter cannot measure it
     cycle = TPOT["s1v"] + k * TPOT["s1d"] + company(b, cv) * (TPOT["s2v"] + k * TPOT["s2d"])
     ttft_base = TTFT["t1"]
-    ttft_load = TTFT["tw"] * busy_on_arrival(b, cv) * cycle + TTFT["tc"] * rate * catch_up ** 2 / 2
+    ttft_load = TTFT["tw"] * busy_on_arrival(b, cv) * cycle + TTFT["tc"] * rate * catch_up ** 2 / 2 + wait
     tpot_base = (TPOT["s1v"] + k * TPOT["s1d"]) / e + catch_up / (g - 1)
     tpot_load = company(b, cv) * (TPOT["s2v"] + k * TPOT["s2d"]) / e + catch_up * b / (g - 1)
     # The tails scale the load every request in flight would add (λ·L company), as tails.py models them.
-    tail_load = e2e - lone + (TRUE.demands(g, e, k).c2 * (b - company(b, cv, lifetimes)) if sweep.moe is None
-                              else 0.0)
+    tail_load = e2e - lone + (TRUE.demands(g, e, k).c2 * (rate * e2e - company(rate * e2e, cv, lifetimes))
+                              if sweep.moe is None else 0.0)
     process = {"process": "poisson"} if cv == 1.0 else {"process": "gamma", "burstiness": cv}
     offered = rate  # below saturation the achieved rate is the arrival rate (schema v1)
     record = {
@@ -92,7 +103,7 @@ def _record(sweep, rng, label, k, alpha, e, rate, scale=1.0, e2e=None, g=None, l
         "e2e_s": _stats(e2e * noise(), lone, tail_load, rng, sweep.noise),
         "ttft_s": _stats((ttft_base + ttft_load) * noise(), ttft_base, ttft_load, rng, sweep.noise),
         "tpot_s": _stats((tpot_base + tpot_load) * noise(), tpot_base, tpot_load, rng, sweep.noise),
-        "itl_s": {"mean": tpot_base}, "mean_in_flight": b, "littles_law_in_flight": b,
+        "itl_s": {"mean": tpot_base}, "mean_in_flight": rate * e2e, "littles_law_in_flight": rate * e2e,
         # a stable queue: the fitted trend over the run moves the count by a fraction of a request
         "in_flight_slope": 0.2 * rng.standard_normal() * rate / n, "preemptions": 0,
         "spec": None if k == 0 else {
@@ -132,7 +143,11 @@ def write_sweep(directory: Path, sweep: Sweep | None = None, name: str = "result
     expected = {label: expected_tokens(a, k) if k else 1.0 for label, k, a in sweep.configs}
     # Shared rates per output length, up to a fraction of that length's lowest saturation rate (as a real
     # sweep does: every k at the same 8 rates).
-    tops = {g: min(1 / TRUE.demands(g, expected[lab], k).c2 for lab, k, _ in sweep.configs)
+    def saturation(g: float, label: str, k: int) -> float:
+        d = TRUE.demands(g, expected[label], k)
+        return 1 / d.c2 if sweep.slots is None else min(1 / d.c2, slot_saturation(d.c1, d.c2, sweep.slots))
+
+    tops = {g: min(saturation(g, lab, k) for lab, k, _ in sweep.configs)
             for g in (sweep.output_tokens,) + tuple(sweep.extra_output_tokens)}
     top = tops[sweep.output_tokens]
     lines = []

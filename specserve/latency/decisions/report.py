@@ -147,7 +147,7 @@ def explain(report: FitReport, ks: Sequence[int] = (0, 1, 2, 3, 4, 5, 6, 7, 8),
         out += ["", "Plain decoding was not measured: what follows for it is extrapolated from the speculative runs."]
     out += ["", f"Plain decoding ({m.output_tokens:.0f} output tokens): "
             f"C1 = {term(c, ['c1p', 'c1v'], dense.c1)} (a lone request's "
-            f"latency), C2 = {seconds(1 / sat if sat > 0 else 0.0)} (added per request in flight); latency is "
+            f"latency), C2 = {seconds(m.e2e.demands(0, 1.0, m.output_tokens).c2)} (added per request in flight); latency is "
             f"C1/(1 - rate x C2) and saturates at {sat:.3g} req/s."]
     if m.arrival_cv != 1.0:
         kind = "more regular" if m.arrival_cv < 1.0 else "burstier"
@@ -159,6 +159,10 @@ def explain(report: FitReport, ks: Sequence[int] = (0, 1, 2, 3, 4, 5, 6, 7, 8),
                    f"of them: about B {'-' if offset < 0 else '+'} {abs(offset):.2g} at high load{mix}"
                    f"{', none while B < 1' if m.arrival_cv < 0.5 and m.lifetimes.equal else ''}. Latency solves "
                    "L = C1 + C2 x company(rate x L) instead (predict --arrival-cv 1 for Poisson traffic).")
+    if m.e2e.slots is not None:
+        out.append(f"Slots: the server runs at most {m.e2e.slots} requests at once; the rest wait for a slot "
+                   f"(Erlang's M/G/c queue, docs/latency.md), part of their TTFT, and plain decoding saturates "
+                   f"at {sat:.3g} req/s, when every slot is busy, not at 1/C2.")
     if m.e2e.moe is not None:
         moe = m.e2e.moe
         out.append(f"Mixture of experts ({moe.active} of {moe.experts} active): a lone decode step touches "

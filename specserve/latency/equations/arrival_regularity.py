@@ -117,6 +117,11 @@ class Lifetimes:
     def equal(self) -> bool:
         return len(self.values) == 1
 
+    @property
+    def cv(self) -> float:
+        """Coefficient of variation of the lifetimes (0 for EQUAL): √(Σ w_i·r_i² − 1)."""
+        return math.sqrt(max(sum(w * r * r for r, w in zip(self.values, self.weights)) - 1.0, 0.0))
+
 
 EQUAL = Lifetimes()
 

@@ -34,6 +34,7 @@ from specserve.errors import SpecServeError
 from specserve.latency.equations.arrival_regularity import EQUAL, Lifetimes, company, loaded_latency
 from specserve.latency.equations.formulas import Demands, check_rate
 from specserve.latency.equations.moe import MoeDemands, MoeExperts, moe_latency, routed_tokens
+from specserve.latency.equations.slots import slot_delay
 from specserve.latency.fitting.regression import (FittedCoefficients, RowSpace, confidence_intervals, covariance,
                                           nonneg_weighted_lstsq)
 from specserve.latency.records.runs import BenchRun
@@ -69,20 +70,23 @@ PRIOR_SPREAD = 0.25  # the prefill prior: c2p is the lone TTFT to within about �
 
 def fit_demands(rate: np.ndarray, latency: np.ndarray, X: np.ndarray,
                 priors: Sequence[tuple[int, float]] = (), cv: np.ndarray | float = 1.0,
-                lifetimes: Sequence[Lifetimes] | None = None, floors: Sequence[tuple[int, int]] = ()):
+                lifetimes: Sequence[Lifetimes] | None = None, floors: Sequence[tuple[int, int]] = (),
+                slots: int | None = None):
     """θ = (θ1, θ2) ≥ 0 minimising Σ((L̂ − L)/L)² with L̂ = X·θ1 + X·θ2·company(λ·L̂) (X·θ1/(1 − λ·X·θ2)
     for Poisson arrivals, `cv` = 1; each run's `lifetimes`, equal if not given; arrivals.py), plus, for
     each prior (j, v), the pseudo-observation θ_j = v. A prior is weighed against the runs' own scatter s
     (the RMS relative residual of the fit without priors): its residual is (θ_j − v)/v · s/PRIOR_SPREAD, so
     precise data that identify θ_j override it and it decides only directions the data leave flat.
     Each floor (i, j) bounds θ_i ≥ θ_j: the fit runs in θ' = P⁻¹·θ, with θ'_i = θ_i − θ_j ≥ 0.
+    `slots`: the server runs at most that many requests at once; L̂ gains the wait the cap adds (slots.py).
     Returns (θ, kept columns of θ', CIs of θ)."""
-    return fit_demands_with_covariance(rate, latency, X, priors, cv, lifetimes, floors)[:3]
+    return fit_demands_with_covariance(rate, latency, X, priors, cv, lifetimes, floors, slots)[:3]
 
 
 def fit_demands_with_covariance(rate: np.ndarray, latency: np.ndarray, X: np.ndarray,
                                 priors: Sequence[tuple[int, float]] = (), cv: np.ndarray | float = 1.0,
-                                lifetimes: Sequence[Lifetimes] | None = None, floors: Sequence[tuple[int, int]] = ()):
+                                lifetimes: Sequence[Lifetimes] | None = None, floors: Sequence[tuple[int, int]] = (),
+                                slots: int | None = None):
     """fit_demands, and the linearised covariance of θ (zero rows and columns for coefficients held at 0;
     None without residual freedom), which `latency plan` carries into its choice of k."""
     cv = np.broadcast_to(np.asarray(cv, dtype=float), rate.shape)
@@ -90,16 +94,16 @@ def fit_demands_with_covariance(rate: np.ndarray, latency: np.ndarray, X: np.nda
     P = np.eye(2 * X.shape[1])
     for above, below in floors:
         P[above, below] = 1.0
-    theta, keep, cis, relative, cov = _fit_demands(rate, latency, X, (), cv, mix, P)
+    theta, keep, cis, relative, cov = _fit_demands(rate, latency, X, (), cv, mix, P, slots)
     if priors:
         scatter = float(np.sqrt(np.mean(relative ** 2)))
         theta, keep, cis, _, cov = _fit_demands(rate, latency, X, [(j, v, scatter / PRIOR_SPREAD) for j, v in priors],
-                                                cv, mix, P)
+                                                cv, mix, P, slots)
     return theta, keep, cis, cov
 
 
 def _fit_demands(rate: np.ndarray, latency: np.ndarray, X: np.ndarray, priors: Sequence[tuple[int, float, float]],
-                 cv: np.ndarray, lifetimes: list[Lifetimes], P: np.ndarray):
+                 cv: np.ndarray, lifetimes: list[Lifetimes], P: np.ndarray, slots: int | None = None):
     """The fit above; each prior (j, v, w) adds the residual w·(θ_j − v)/v. Also returns the runs'
     relative residuals (L̂ − L)/L."""
     from scipy.optimize import least_squares
@@ -123,6 +127,11 @@ def _fit_demands(rate: np.ndarray, latency: np.ndarray, X: np.ndarray, priors: S
     busiest = float(np.max(rate * (X @ full(start)[q:])))
     if busiest >= _MAX_START_LOAD:
         start = start * np.where(free >= q, _MAX_START_LOAD / busiest, 1.0)
+    if slots is not None:  # and below the busy slots' saturation, scaling every coefficient alike
+        theta = full(start)
+        busiest = float(np.max(rate * (X @ theta[:q] + (slots - 1) * (X @ theta[q:])) / slots))
+        if busiest >= _MAX_START_LOAD:
+            start = start * _MAX_START_LOAD / busiest
 
     def predict(theta_free: np.ndarray) -> np.ndarray:
         theta = full(theta_free)
@@ -130,9 +139,13 @@ def _fit_demands(rate: np.ndarray, latency: np.ndarray, X: np.ndarray, priors: S
         room = 1.0 - rate * c2
         # Past saturation the model has no finite latency. The penalty grows with the overshoot and does
         # not scale with C1: a clamped C1/ε let C1 -> 0 'fit' a saturated point (and ruin every other).
-        stable = room > 1e-6
-        return np.where(stable, loaded_latency(X @ theta[:q], np.where(stable, c2, 0.0), rate, cv, lifetimes),
-                        latency * 1e3 * (1.0 + 1e3 * (1e-6 - room)))
+        c1 = X @ theta[:q]
+        loaded = loaded_latency(c1, np.where(room > 1e-6, c2, 0.0), rate, cv, lifetimes)
+        if slots is not None:  # busy slots saturate too (slots.py): the same penalty past that
+            room = np.minimum(room, 1.0 - rate * np.minimum(loaded, c1 + c2 * (slots - 1)) / slots)
+            loaded = loaded + np.array([slot_delay(*args, slots, c, m.cv)[0] if ok else 0.0 for *args, c, m, ok
+                                        in zip(loaded, c1, c2, rate, cv, lifetimes, room > 1e-6)])
+        return np.where(room > 1e-6, loaded, latency * 1e3 * (1.0 + 1e3 * (1e-6 - room)))
 
     def residuals(theta_free: np.ndarray) -> np.ndarray:
         relative = (predict(theta_free) - latency) / latency
@@ -165,15 +178,26 @@ def _jacobian(f, x: np.ndarray) -> np.ndarray:
 
 
 def latency_of(split: MoeDemands, rate: float, moe: MoeExperts | None, k: int, cv: float = 1.0,
-               lifetimes: Lifetimes = EQUAL) -> float:
+               lifetimes: Lifetimes = EQUAL, slots: int | None = None) -> float:
     """L = C1 + C2·company(λL) for dense-weight models (closed form for Poisson arrivals, cv = 1); the
-    MoE fixed point otherwise (k + 1 tokens per request)."""
+    MoE fixed point otherwise (k + 1 tokens per request). `slots`: plus what a cap on the requests
+    running at once adds (slots.py; with the full-coverage demands for MoE)."""
     if moe is not None:
-        return moe_latency(rate, split, moe, k + 1, cv, lifetimes)
-    full = split.full
-    if cv == 1.0:
-        return full.latency(rate)
-    return float(loaded_latency(full.c1, full.c2, check_rate(rate), cv, lifetimes))
+        latency = moe_latency(rate, split, moe, k + 1, cv, lifetimes)
+    elif cv == 1.0:
+        latency = split.full.latency(rate)
+    else:
+        latency = float(loaded_latency(split.full.c1, split.full.c2, check_rate(rate), cv, lifetimes))
+    return latency + slot_delay(latency, split.full.c1, split.full.c2, rate, slots, cv, lifetimes.cv)[0]
+
+
+def slot_wait_of(split: MoeDemands, rate: float, moe: MoeExperts | None, k: int, cv: float,
+                 lifetimes: Lifetimes, slots: int | None) -> float:
+    """Mean seconds a request waits for one of `slots` before it runs (0 without a cap; slots.py)."""
+    if slots is None:
+        return 0.0
+    latency = latency_of(split, rate, moe, k, cv, lifetimes)
+    return slot_delay(latency, split.full.c1, split.full.c2, rate, slots, cv, lifetimes.cv)[1]
 
 
 def _coverage_columns(runs: Sequence[BenchRun], moe: MoeExperts, U: np.ndarray) -> np.ndarray:
@@ -192,6 +216,7 @@ class E2EModel:
     space: RowSpace  # the configurations' feature rows: which (k, E, g) the data can speak for
     pooled: bool = True  # False: a single configuration's (C1, C2), valid only for that configuration
     arrival_cv: float = 1.0  # the fitted runs' arrival CV: the traffic predictions are for unless told
+    slots: int | None = None  # requests the server runs at once, the rest queueing (None: no cap)
 
     def features(self, k: int, expected: float, output_tokens: float) -> np.ndarray:
         return demand_features(k, expected, output_tokens) if self.pooled else np.ones(1)
@@ -211,17 +236,24 @@ class E2EModel:
     def latency(self, rate: float, k: int, expected: float, output_tokens: float, cv: float | None = None,
                 lifetimes: Lifetimes = EQUAL) -> float:
         return latency_of(self.split(k, expected, output_tokens), rate, self.moe, k,
-                          self.arrival_cv if cv is None else cv, lifetimes)
+                          self.arrival_cv if cv is None else cv, lifetimes, self.slots)
+
+    def slot_wait(self, rate: float, k: int, expected: float, output_tokens: float, cv: float | None = None,
+                  lifetimes: Lifetimes = EQUAL) -> float:
+        """Mean seconds a request waits for a slot before it runs (0 without a cap)."""
+        return slot_wait_of(self.split(k, expected, output_tokens), rate, self.moe, k,
+                            self.arrival_cv if cv is None else cv, lifetimes, self.slots)
 
     def estimable(self, k: int, expected: float, output_tokens: float) -> bool:
         return self.space.contains(self.features(k, expected, output_tokens))
 
 
 def fit_e2e(runs: Sequence[BenchRun], moe: MoeExperts | None = None, pooled: bool = True,
-            prefill_prior: bool = True, draft_floor: bool = True) -> E2EModel:
+            prefill_prior: bool = True, draft_floor: bool = True, slots: int | None = None) -> E2EModel:
     """Pooled: the six coefficients across all configurations (E, g, k per run), c2p drawn towards a lone
     request's TTFT unless `prefill_prior` is false (or the model is MoE, whose c2p splits in two), and
-    c2d ≥ c2v unless `draft_floor` is false (dense weights only). Not pooled: one configuration's (C1, C2)."""
+    c2d ≥ c2v unless `draft_floor` is false (dense weights only). Not pooled: one configuration's (C1, C2).
+    `slots`: the server runs at most that many requests at once (slots.py)."""
     if len(runs) < 2:
         raise SpecServeError(f"need at least 2 pre-saturation runs to fit latency, got {len(runs)}")
     rate = np.array([r.achieved_rate for r in runs])
@@ -236,15 +268,15 @@ def fit_e2e(runs: Sequence[BenchRun], moe: MoeExperts | None = None, pooled: boo
     floors = [(names.index("c2d"), names.index("c2v"))] if pooled and moe is None and draft_floor else []
     cv = np.array([r.cv for r in runs])
     theta, keep, cis, cov = fit_demands_with_covariance(rate, latency, X, priors, cv, [r.lifetimes for r in runs],
-                                                        floors)
+                                                        floors, slots)
     typical = float(np.median(cv))  # the traffic predictions are for unless told (1 = Poisson)
     # The fit may leave a configuration with C1 = 0 only through degenerate data; report it as such.
     provisional = E2EModel(FittedCoefficients.build(names, theta, keep, cis, latency, latency),
-                           moe, RowSpace.of(U), pooled, typical)
+                           moe, RowSpace.of(U), pooled, typical, slots)
     try:
         predicted = np.array([provisional.latency(r.achieved_rate, r.k, r.acceptance_length, r.output_tokens, r.cv,
                                                   r.lifetimes) for r in runs])
     except SpecServeError as e:
         raise SpecServeError(f"latency fit is degenerate ({e}); check the runs' latencies") from None
     return E2EModel(FittedCoefficients.build(names, theta, keep, cis, latency, predicted, cov),
-                    moe, RowSpace.of(U), pooled, typical)
+                    moe, RowSpace.of(U), pooled, typical, slots)

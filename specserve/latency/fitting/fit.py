@@ -33,6 +33,7 @@ class FitOptions:
     draft_floor: bool = True  # a drafted token adds at least what a verify cycle does to load, c2d ≥ c2v (e2e.py)
     arrival_regularity: bool = True  # count the company the runs' stated arrival CV gives (arrivals.py);
     # False treats every run as Poisson, the λ·L of docs/design.md §2.1
+    slots: int | None = None  # the server runs at most this many requests at once (slots.py); None: no cap
 
 
 @dataclass(slots=True)
@@ -48,7 +49,7 @@ class FitReport:
 
 
 def _configurations(runs: Sequence[BenchRun], moe: MoeExperts | None, notes: list[str],
-                    fit_each: bool = True) -> tuple[Configuration, ...]:
+                    fit_each: bool = True, slots: int | None = None) -> tuple[Configuration, ...]:
     out = []
     for label in sorted({r.label for r in runs}, key=lambda lab: next(r.k for r in runs if r.label == lab)):
         own = [r for r in runs if r.label == label]
@@ -58,7 +59,7 @@ def _configurations(runs: Sequence[BenchRun], moe: MoeExperts | None, notes: lis
             notes.append(f"{label}: only {len(own)} pre-saturation run, no per-configuration fit")
         elif fit_each:
             try:
-                fit = fit_e2e(own, moe, pooled=False)
+                fit = fit_e2e(own, moe, pooled=False, slots=slots)
             except SpecServeError as err:
                 notes.append(f"{label}: no per-configuration fit ({err})")
         counted = [r for r in own if r.accepted_per_position]
@@ -79,9 +80,10 @@ def _configurations(runs: Sequence[BenchRun], moe: MoeExperts | None, notes: lis
 def fit_model(runs: Sequence[BenchRun], moe: MoeExperts | None = None,
               samples: dict[str, RequestSample] | None = None, n_length_classes: int = 4,
               notes: list[str] | None = None, per_configuration: bool = True,
-              prefill_prior: bool = True, draft_floor: bool = True) -> LatencyModel:
+              prefill_prior: bool = True, draft_floor: bool = True, slots: int | None = None) -> LatencyModel:
     """Fit every component on the given (pre-saturation) runs; `per_configuration` adds each
-    configuration's own (C1, C2) fit, which predictions do not use."""
+    configuration's own (C1, C2) fit, which predictions do not use. With `slots`, E2E comes first: the
+    wait for a slot it predicts is taken off each run's TTFT and its queue off the batch the phases see."""
     runs, samples, notes = list(runs), samples or {}, notes if notes is not None else []
     used = [samples[r.source] for r in runs if r.source in samples]
     slope = prefill_slope([(s.prompt_tokens, s.ttft) for s in used])
@@ -90,16 +92,17 @@ def fit_model(runs: Sequence[BenchRun], moe: MoeExperts | None = None,
         classes = length_classes(np.concatenate([s.prompt_tokens for s in used]),
                                  np.concatenate([s.output_tokens for s in used]), n_length_classes)
     catch_up = draft_catch_up(runs, samples)
-    points = [Point(r.k, r.acceptance_length, r.in_flight, r.achieved_rate, r.output_tokens, r.cv,
-                    catch_up or 0.0) for r in runs]
+    e2e = fit_e2e(runs, moe, prefill_prior=prefill_prior, draft_floor=draft_floor, slots=slots)
+    waits = np.array([e2e.slot_wait(r.achieved_rate, r.k, r.acceptance_length, r.output_tokens) for r in runs])
+    points = [Point(r.k, r.acceptance_length, max(r.in_flight - r.achieved_rate * w, 0.0), r.achieved_rate,
+                    r.output_tokens, r.cv, catch_up or 0.0) for r, w in zip(runs, waits)]
     tpot = fit_phase("tpot", runs, points)
     points = [replace(p, cycle=tpot.cycle(p.k, p.in_flight, p.cv)) for p in points]
     model = LatencyModel(
-        e2e=fit_e2e(runs, moe, prefill_prior=prefill_prior, draft_floor=draft_floor),
-        ttft=fit_phase("ttft", runs, points), tpot=tpot,
+        e2e=e2e, ttft=fit_phase("ttft", runs, points, waits), tpot=tpot,
         tails=TailModel({}), prompt_tokens=statistics.fmean(r.prompt_tokens for r in runs),
         output_tokens=statistics.fmean(r.output_tokens for r in runs), prefill_per_token=slope,
-        length_classes=classes, configurations=_configurations(runs, moe, notes, per_configuration),
+        length_classes=classes, configurations=_configurations(runs, moe, notes, per_configuration, slots),
         draft_catch_up=catch_up)
 
     def parts(metric: str, run: BenchRun) -> tuple[float, float]:
@@ -141,7 +144,7 @@ def fit_runs(runs: Sequence[BenchRun], options: FitOptions | None = None,
     kept = [replace(r, lifetimes=Lifetimes.of(samples[r.source].output_tokens)) if r.source in samples else r
             for r in kept]
     model = fit_model(kept, options.moe, samples, options.n_length_classes, notes,
-                      prefill_prior=options.prefill_prior, draft_floor=options.draft_floor)
+                      prefill_prior=options.prefill_prior, draft_floor=options.draft_floor, slots=options.slots)
     if options.prefill_prior and options.moe is None:
         notes.append(f"c2p drawn towards a lone request's TTFT ({lone_prefill(kept):.3g} s, prefill prior; "
                      "--no-prefill-prior fits without it)")
@@ -163,7 +166,8 @@ def fit_runs(runs: Sequence[BenchRun], options: FitOptions | None = None,
     if options.cross_validate:
         def refit(train: list[BenchRun]) -> LatencyModel:
             return fit_model(train, options.moe, samples, options.n_length_classes, [], per_configuration=False,
-                             prefill_prior=options.prefill_prior, draft_floor=options.draft_floor)
+                             prefill_prior=options.prefill_prior, draft_floor=options.draft_floor,
+                             slots=options.slots)
         noise = {source: std for source, s in samples.items() if (std := s.e2e_noise_std()) is not None}
         for by in groupings(kept):
             crossval[by] = cross_validate(kept, by, refit, noise)

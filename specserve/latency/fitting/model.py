@@ -7,10 +7,11 @@ from dataclasses import dataclass, field, replace
 from specserve.errors import SpecServeError
 from specserve.latency.equations.acceptance import check_k
 from specserve.latency.equations.arrival_regularity import EQUAL, Lifetimes, check_cv, company
-from specserve.latency.fitting.e2e import E2EModel, latency_of
+from specserve.latency.fitting.e2e import E2EModel, latency_of, slot_wait_of
 from specserve.latency.equations.formulas import Demands, check_rate
 from specserve.latency.equations.lengths import LengthClass
 from specserve.latency.equations.moe import MoeDemands, routed_tokens
+from specserve.latency.equations.slots import slot_saturation
 from specserve.latency.fitting.phases import PhaseModel, Point
 from specserve.latency.fitting.tails import METRICS, QUANTILES, TailModel
 
@@ -100,7 +101,13 @@ class LatencyModel:
     def latency(self, rate: float, k: int, expected: float, g: float | None = None,
                 p: float | None = None, cv: float | None = None, lifetimes: Lifetimes | None = None) -> float:
         split = self._split(k, expected, g or self.output_tokens, self.prompt_tokens if p is None else p)
-        return latency_of(split, rate, self.e2e.moe, k, self._cv(cv), self._mix(lifetimes))
+        return latency_of(split, rate, self.e2e.moe, k, self._cv(cv), self._mix(lifetimes), self.e2e.slots)
+
+    def slot_wait(self, rate: float, k: int, expected: float, g: float | None = None, p: float | None = None,
+                  cv: float | None = None, lifetimes: Lifetimes | None = None) -> float:
+        """Mean seconds a request waits for a slot (0 for a server without a cap): part of its TTFT."""
+        split = self._split(k, expected, g or self.output_tokens, self.prompt_tokens if p is None else p)
+        return slot_wait_of(split, rate, self.e2e.moe, k, self._cv(cv), self._mix(lifetimes), self.e2e.slots)
 
     def demands(self, k: int, expected: float, g: float | None = None, p: float | None = None,
                 rate: float = 0.0, cv: float | None = None, lifetimes: Lifetimes | None = None) -> Demands:
@@ -110,7 +117,7 @@ class LatencyModel:
         moe = self.e2e.moe
         if moe is None:
             return split.full
-        latency = latency_of(split, rate, moe, k, self._cv(cv), self._mix(lifetimes))
+        latency = latency_of(split, rate, moe, k, self._cv(cv), self._mix(lifetimes), self.e2e.slots)
         return split.full if math.isinf(latency) else split.at(moe.coverage(routed_tokens(rate * latency, k + 1)))
 
     def fitted_rate(self, k: int) -> float:
@@ -120,9 +127,12 @@ class LatencyModel:
         return max(same or [c.rate_range[1] for c in self.configurations] or [math.inf])
 
     def saturation_rate(self, k: int, expected: float, g: float | None = None, p: float | None = None) -> float:
-        """1/C2, with C2 at full expert coverage for MoE (where a growing queue ends up)."""
-        return self._split(k, expected, g or self.output_tokens,
-                           self.prompt_tokens if p is None else p).full.saturation_rate
+        """1/C2, with C2 at full expert coverage for MoE (where a growing queue ends up); with a cap of c
+        running requests, at most the c busy slots' c/(C1 + C2·(c − 1))."""
+        full = self._split(k, expected, g or self.output_tokens, self.prompt_tokens if p is None else p).full
+        if self.e2e.slots is None:
+            return full.saturation_rate
+        return min(full.saturation_rate, slot_saturation(full.c1, full.c2, self.e2e.slots))
 
     def parts(self, metric: str, rate: float, k: int, expected: float, g: float | None = None,
               p: float | None = None, cv: float | None = None, tail: bool = False,
@@ -149,10 +159,13 @@ class LatencyModel:
             return max(e_base - t_base, 0.0) / later, (e_load - t_load) / later
         if math.isinf(e2e):
             return self.ttft.parts(self.phase_point(0.0, k, expected, 0.0, g))[0], math.inf
-        base, load = self.ttft.parts(self.phase_point(rate, k, expected, rate * e2e, g, 1.0 if tail else cv))
+        # A request waiting for a slot is in flight but not in the batch: the batch holds λ·(L − W).
+        wait = self.slot_wait(rate, k, expected, g, p, cv, mix)
+        base, load = self.ttft.parts(self.phase_point(rate, k, expected, rate * (e2e - wait), g,
+                                                      1.0 if tail else cv))
         if p is not None:
             base = max(base + (p - self.prompt_tokens) * (self.prefill_per_token or 0.0), 0.0)
-        return base, load
+        return base, load + wait
 
     def predict(self, rate: float, k: int, expected: float, g: float | None = None,
                 p: float | None = None, cv: float | None = None, lifetimes: Lifetimes | None = None) -> Prediction:

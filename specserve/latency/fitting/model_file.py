@@ -12,6 +12,7 @@ from pathlib import Path
 
 from specserve.errors import SpecServeError
 from specserve.latency.fitting.colocation import Colocation
+from specserve.latency.equations.slots import check_slots
 from specserve.latency.fitting.e2e import E2EModel
 from specserve.latency.fitting.fit import FitReport
 from specserve.latency.equations.lengths import LengthClass
@@ -64,13 +65,14 @@ def _read_space(d: dict) -> RowSpace:
 
 
 def _e2e(m: E2EModel) -> dict:
-    return {**_coefficients(m.coefficients), "feature_space": _space(m.space), "arrival_cv": m.arrival_cv}
+    return {**_coefficients(m.coefficients), "feature_space": _space(m.space), "arrival_cv": m.arrival_cv,
+            **({} if m.slots is None else {"slots": m.slots})}
 
 
 def _read_e2e(d: dict, moe: MoeExperts | None, pooled: bool) -> E2EModel:
-    # Files written before the arrival correction assumed Poisson arrivals (cv 1).
+    # Files written before the arrival correction assumed Poisson arrivals (cv 1); without "slots", no cap.
     return E2EModel(_read_coefficients(d), moe, _read_space(d["feature_space"]), pooled,
-                    float(d.get("arrival_cv", 1.0)))
+                    float(d.get("arrival_cv", 1.0)), check_slots(d.get("slots")))
 
 
 def to_dict(report: FitReport) -> dict:

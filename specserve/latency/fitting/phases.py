@@ -128,9 +128,11 @@ class PhaseModel:
         return self.base_space.contains(base) and self.load_space.contains(load)
 
 
-def fit_phase(metric: str, runs: Sequence[BenchRun], points: Sequence[Point]) -> PhaseModel:
-    """Fit one metric's coefficients to the runs' means, each run described by its `Point` (TPOT's fixed
-    catch-up share is taken off the observations first)."""
+def fit_phase(metric: str, runs: Sequence[BenchRun], points: Sequence[Point],
+              known: Sequence[float] | None = None) -> PhaseModel:
+    """Fit one metric's coefficients to the runs' means, each run described by its `Point`. Parts the
+    coefficients do not stand for are taken off the observations first: TPOT's fixed catch-up share, and
+    `known` seconds per run (TTFT's wait for a slot, model.py)."""
     if metric not in NAMES:
         raise SpecServeError(f"unknown phase metric {metric!r}")
     if len(runs) < 2:
@@ -138,6 +140,8 @@ def fit_phase(metric: str, runs: Sequence[BenchRun], points: Sequence[Point]) ->
     names = NAMES[metric]
     observed = np.array([getattr(r, metric).mean for r in runs])
     fixed = np.array([catch_up_per_token(p) if metric == "tpot" else 0.0 for p in points])
+    if known is not None:
+        fixed = fixed + np.asarray(known, dtype=float)
     X = np.array([features(names, p) for p in points])
     theta, keep, cis = nonneg_weighted_lstsq(X, observed - fixed, 1.0 / observed)
     coefficients = FittedCoefficients.build(names, theta, keep, cis, observed, X @ theta + fixed)
