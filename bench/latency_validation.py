@@ -71,13 +71,19 @@ def main() -> None:
     # A repeat with its own seed draws its own arrival schedule: repeats of one seed replay the same
     # collisions between prefills, so their TTFTs agree with each other and not with the model.
     p.add_argument("--seed", type=int, default=0, help="arrival schedule seed (give each repeat its own)")
+    # Every run replays prompts from one seeded list, so with the prefix cache on a run's TTFT depends on what
+    # the runs before it left cached: a long run cycles more prompts through the cache than it holds, and
+    # the next run then misses on nearly all of them (docs/experiments/latency-validation.md, latency22).
+    p.add_argument("--no-prefix-caching", action="store_true",
+                   help="serve with --no-enable-prefix-caching: every prefill cold, whatever ran before")
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     from specserve.model.registry import fetch
     tokenizer = str(fetch("smollm2-135m"))
     serve = (f"{sys.executable} -m specserve serve --num-threads {args.threads} "
-             f"--max-model-len {args.max_model_len} --disable-access-log")
+             f"--max-model-len {args.max_model_len} --disable-access-log"
+             + (" --no-enable-prefix-caching" if args.no_prefix_caching else ""))
     configs = [{"label": "no-sd", "k": 0, "launch": f"{serve} --speculative-config none"}]
     for k in [int(x) for x in args.ks.split(",")]:
         spec = json.dumps({"model": args.draft, "num_speculative_tokens": k}).replace(" ", "")

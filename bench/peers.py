@@ -405,8 +405,11 @@ def _fit(out: Path, system: str) -> str:
         copy.write_text("".join(json.dumps(r) + "\n" for r in keep))
         fitted.append(copy)
     md = out / f"validate-{system}.md"
-    proc = subprocess.run([sys.executable, "-m", "specserve", "latency", "validate", *map(str, fitted), "--markdown",
-                           str(md)], capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    # llama-server queues what its -np slots cannot run (docs/latency.md, "A cap on the batch")
+    slots = ["--slots", str(LLAMA_SLOTS)] if system == "llamacpp" else []
+    proc = subprocess.run([sys.executable, "-m", "specserve", "latency", "validate", *map(str, fitted), *slots,
+                           "--markdown", str(md)], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)))
     (out / f"validate-{system}.out").write_text(proc.stdout + proc.stderr)
     note = f"left out, no speculation stats: {', '.join(dropped)}\n" if dropped else ""
     if proc.returncode:
