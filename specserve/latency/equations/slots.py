@@ -18,8 +18,8 @@ ErlangC(c, a) the probability that all c are busy when it arrives (exact for Poi
 exponential service, ca = cs = 1), ca the arrival gaps' CV and cs the service times' (0 when every request
 has the same length; from the lifetimes' spread otherwise). Requests of one length hold their slots for
 nearly the same time, which halves Erlang's wait; a chain with memoryless service would instead spread
-the number in flight far wider than a server's measured runs show (llama.cpp's at half its saturation:
-variance 3.3 at mean 3.6, Poisson's, against the 8 such a chain gives; docs/peers.md).
+the number in flight far wider than a server's measured runs show (llama.cpp's at three quarters of its
+saturation: variance 3.3 at mean 3.6, Poisson's, against the 8 such a chain gives; docs/latency.md).
 
 The mean latency is then L + W below the cap (W ≈ 0 until the batch nears c) and S + W past it; TTFT
 gains W (the wait comes before the first token) and the batch holds λ·(L − W) requests.

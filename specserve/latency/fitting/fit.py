@@ -93,7 +93,8 @@ def fit_model(runs: Sequence[BenchRun], moe: MoeExperts | None = None,
                                  np.concatenate([s.output_tokens for s in used]), n_length_classes)
     catch_up = draft_catch_up(runs, samples)
     e2e = fit_e2e(runs, moe, prefill_prior=prefill_prior, draft_floor=draft_floor, slots=slots)
-    waits = np.array([e2e.slot_wait(r.achieved_rate, r.k, r.acceptance_length, r.output_tokens) for r in runs])
+    waits = np.array([e2e.slot_wait(r.achieved_rate, r.k, r.acceptance_length, r.output_tokens, r.cv, r.lifetimes)
+                      for r in runs])
     points = [Point(r.k, r.acceptance_length, max(r.in_flight - r.achieved_rate * w, 0.0), r.achieved_rate,
                     r.output_tokens, r.cv, catch_up or 0.0) for r, w in zip(runs, waits)]
     tpot = fit_phase("tpot", runs, points)
