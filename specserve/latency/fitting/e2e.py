@@ -143,8 +143,9 @@ def _fit_demands(rate: np.ndarray, latency: np.ndarray, X: np.ndarray, priors: S
         loaded = loaded_latency(c1, np.where(room > 1e-6, c2, 0.0), rate, cv, lifetimes)
         if slots is not None:  # busy slots saturate too (slots.py): the same penalty past that
             room = np.minimum(room, 1.0 - rate * np.minimum(loaded, c1 + c2 * (slots - 1)) / slots)
-            loaded = loaded + np.array([slot_delay(*args, slots, c, m.cv)[0] if ok else 0.0 for *args, c, m, ok
-                                        in zip(loaded, c1, c2, rate, cv, lifetimes, room > 1e-6)])
+            delays = [slot_delay(L, a, b, lam, slots, c, m.cv)[0] if ok else 0.0
+                      for L, a, b, lam, c, m, ok in zip(loaded, c1, c2, rate, cv, lifetimes, room > 1e-6)]
+            loaded = loaded + np.array(delays)
         return np.where(room > 1e-6, loaded, latency * 1e3 * (1.0 + 1e3 * (1e-6 - room)))
 
     def residuals(theta_free: np.ndarray) -> np.ndarray:

@@ -128,11 +128,11 @@ class LatencyModel:
 
     def saturation_rate(self, k: int, expected: float, g: float | None = None, p: float | None = None) -> float:
         """1/C2, with C2 at full expert coverage for MoE (where a growing queue ends up); with a cap of c
-        running requests, at most the c busy slots' c/(C1 + C2·(c − 1))."""
+        running requests, the rate that keeps every slot busy, which comes before 1/C2 (slots.py)."""
         full = self._split(k, expected, g or self.output_tokens, self.prompt_tokens if p is None else p).full
         if self.e2e.slots is None:
             return full.saturation_rate
-        return min(full.saturation_rate, slot_saturation(full.c1, full.c2, self.e2e.slots))
+        return slot_saturation(full.c1, full.c2, self.e2e.slots)
 
     def parts(self, metric: str, rate: float, k: int, expected: float, g: float | None = None,
               p: float | None = None, cv: float | None = None, tail: bool = False,

@@ -19,7 +19,7 @@ per-request rows as the first inter-token gap minus the later ones (fit.py).
         in units of the fitted cycle (s1v + k·s1d) + company(B)·(s2v + k·s2d), so a configuration's TTFT
         load follows from its cycle, which every run measures; tc: with SD the step in progress is a
         catch-up of length D for a fraction λ·D of the time, where an arrival waits D/2 more (tc ≈ 1 if that
-        were all; our server fits 7.9, a mechanism not yet found: docs/latency.md).
+        were all; our server fits 7-8 on two machines, a mechanism not yet found: docs/latency.md).
 
 The mean TPOT a model predicts is not this one but (E2E − TTFT)/(g − 1) (model.py): the TPOT model is the
 cycle TTFT's wait term reads, and from speculative runs alone it cannot tell plain decoding's cycle from a
